@@ -1,0 +1,256 @@
+"""The journal of one shard: group commit of records into blocks, one sync in flight.
+
+Lives in: one shard process, its event loop thread.
+
+An add is answered only after the block holding it is durable (write + fdatasync
+returned). While one block's sync is in flight the next batch fills, so a batch is
+flushed as soon as the previous sync returns (policy.py). Blocks are written in
+order, strictly one at a time, so a torn block can only be the last one of the
+last file, and replay stops there (record encoding: ext/bookkeeper/_ext/journal.pyx).
+
+File: `<file_id:016x>.jnl`, preallocated; a 4096-byte header
+('BKJF' | u32 version | u64 file_id, zero padded), then aligned blocks.
+Version history: 1 - this layout. A new file is started on every start (never
+append after a possibly torn tail) and when a file passes journal_file_max_bytes.
+Files wholly before the checkpoint mark are deleted by `trim`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
+from bookkeeper.bookie.journal.policy import flush_reason
+from bookkeeper.bookie.journal.syncer import Syncer
+
+log = logging.getLogger(__name__)
+
+FILE_MAGIC = b"BKJF"
+FILE_VERSION = 1
+_FILE_HEADER = struct.Struct(">4sIQ")
+
+Record = tuple[int, int, int, bytes]
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    files: int = 0
+    records: int = 0
+    blocks_torn: int = 0
+    last_file_id: int = 0
+
+
+class JournalFailedError(OSError):
+    """The journal device failed: nothing more can be made durable on this shard."""
+
+
+class Journal:
+    """Group-commit journal of one shard (loop thread only)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, syncer: Syncer,
+                 loop: asyncio.AbstractEventLoop,
+                 on_durable: Callable[[list[Any]], None],
+                 on_failed: Callable[[list[Any], OSError], None],
+                 group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20,
+                 preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.syncer = syncer
+        self.loop = loop
+        self.on_durable = on_durable
+        self.on_failed = on_failed
+        self.group_wait_us_max = group_wait_us_max
+        self.batch_bytes_max = batch_bytes_max
+        self.preallocate_bytes = preallocate_bytes
+        self.file_max_bytes = file_max_bytes
+        self.file_id = 0
+        self._fd = -1
+        self._pos = 0
+        self._allocated = 0
+        self._seq = 0
+        self._batch = JournalBatch()
+        self._batch_items: list[Any] = []
+        self._batch_started = 0.0
+        self._inflight_items: list[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._failed: OSError | None = None
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self.stats = {"blocks": 0, "records": 0, "bytes": 0}
+
+    # -- files -------------------------------------------------------------
+    def _path(self, file_id: int) -> Path:
+        return self.dir / f"{file_id:016x}.jnl"
+
+    def file_ids(self) -> list[int]:
+        return sorted(int(p.stem, 16) for p in self.dir.glob("*.jnl"))
+
+    def _open_new_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self.file_id = max(self.file_ids(), default=self.file_id) + 1
+        fd = os.open(self._path(self.file_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        header = _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id).ljust(BLOCK_ALIGN, b"\0")
+        try:
+            os.posix_fallocate(fd, 0, self.preallocate_bytes)
+            self._allocated = self.preallocate_bytes
+        except OSError:
+            self._allocated = 0
+        os.pwrite(fd, header, 0)
+        os.fdatasync(fd)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self._fd = fd
+        self._pos = BLOCK_ALIGN
+
+    def start(self) -> None:
+        """Open a fresh journal file (after replay)."""
+        self._open_new_file()
+
+    def position(self) -> tuple[int, int]:
+        """(file_id, offset) just past the last block handed to the syncer."""
+        return self.file_id, self._pos
+
+    # -- replay --------------------------------------------------------------
+    def replay(self, mark: tuple[int, int], apply: Callable[[list[Record]], None]) -> ReplayResult:
+        """Apply every valid record past the checkpoint mark, file by file, in order."""
+        result = ReplayResult()
+        mark_file, mark_off = mark
+        for fid in self.file_ids():
+            result.last_file_id = fid
+            if fid < mark_file:
+                continue
+            path = self._path(fid)
+            size = path.stat().st_size
+            if size < BLOCK_ALIGN:
+                log.warning("journal %s: shorter than its header, skipped (created, never written)", path)
+                continue
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                magic, version, hdr_id = _FILE_HEADER.unpack_from(mm, 0)
+                if magic != FILE_MAGIC or hdr_id != fid:
+                    log.warning("journal %s: bad header, skipped (no block was ever acknowledged from it)", path)
+                    continue
+                if version > FILE_VERSION:
+                    raise OSError(f"journal {path}: format version {version} is newer than supported")
+                start = mark_off if fid == mark_file and mark_off >= BLOCK_ALIGN else BLOCK_ALIGN
+                records, end, torn, last_seq = scan_blocks(mm, start)
+            if torn:
+                result.blocks_torn += 1
+                log.warning("journal %s: torn block at offset %d discarded (never acknowledged)", path, end)
+            self._seq = max(self._seq, last_seq + 1)
+            if records:
+                apply(records)
+            result.files += 1
+            result.records += len(records)
+        self.file_id = result.last_file_id
+        return result
+
+    def trim(self, mark_file_id: int) -> int:
+        """Delete journal files wholly before the checkpoint mark; returns how many."""
+        removed = 0
+        for fid in self.file_ids():
+            if fid < mark_file_id and fid != self.file_id:
+                self._path(fid).unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    # -- group commit ----------------------------------------------------------
+    @property
+    def queued_bytes(self) -> int:
+        return self._batch.nbytes
+
+    def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
+        """Add a record to the current batch; item is handed to on_durable once it is durable."""
+        if self._failed is not None:
+            self.on_failed([item], self._failed)
+            return
+        if self._batch.count == 0:
+            self._batch_started = time.monotonic()
+        self._batch.add(rtype, ledger_id, entry_id, data)
+        self._batch_items.append(item)
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        reason = flush_reason(
+            batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
+            oldest_wait_us=int((time.monotonic() - self._batch_started) * 1e6) if self._batch.count else 0,
+            sync_in_flight=self._inflight_items is not None,
+            group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max)
+        if reason is not None:
+            self._flush()
+        elif self._batch.count and self._inflight_items is None and self._timer is None:
+            self._timer = self.loop.call_later(self.group_wait_us_max / 1e6, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._maybe_flush()
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, items = self._batch, self._batch_items
+        self._batch, self._batch_items = JournalBatch(), []
+        block = batch.seal(self._seq)
+        self._seq += 1
+        if self._pos + len(block) > self._allocated:
+            grow = max(self.preallocate_bytes, len(block))
+            try:
+                os.posix_fallocate(self._fd, self._allocated, grow)
+                self._allocated += grow
+            except OSError:
+                self._allocated = self._pos + len(block)
+        offset = self._pos
+        self._pos += len(block)
+        self._inflight_items = items
+        self.stats["blocks"] += 1
+        self.stats["records"] += batch.count
+        self.stats["bytes"] += len(block)
+        self.syncer.submit(self._fd, block, offset, self._on_synced)
+
+    def _on_synced(self, err: OSError | None) -> None:
+        items = self._inflight_items or []
+        self._inflight_items = None
+        if err is not None:
+            log.error("journal sync failed, shard stops accepting writes: %s", err)
+            self._failed = JournalFailedError(err.errno or 5, str(err))
+            self.on_failed(items, self._failed)
+            self.on_failed(self._batch_items, self._failed)
+            self._batch, self._batch_items = JournalBatch(), []
+        else:
+            self.on_durable(items)
+            if self._pos >= self.file_max_bytes:
+                self._open_new_file()
+            self._maybe_flush()
+        if self._inflight_items is None and not self._batch.count:
+            for w in self._idle_waiters:
+                if not w.done():
+                    w.set_result(None)
+            self._idle_waiters.clear()
+
+    async def drain(self) -> None:
+        """Wait until every appended record is durable (or failed)."""
+        if self._inflight_items is None and not self._batch.count:
+            return
+        if self._batch.count and self._inflight_items is None:
+            self._flush()
+        fut = self.loop.create_future()
+        self._idle_waiters.append(fut)
+        await fut
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

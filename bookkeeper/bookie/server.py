@@ -1,0 +1,287 @@
+"""The RPC front end of one shard: a thin uvloop protocol over the Cython codec.
+
+Lives in: one shard process, its event loop thread.
+
+`data_received` hands the whole receive buffer to `parse_requests` (Cython) and
+dispatches the frames; responses that need no journal (reads, errors) are
+encoded together and written once per receive; add responses are written once
+per journal batch per connection (`_on_durable`).
+
+Bad input never takes the shard down: a frame that can never parse (over the
+limit, shorter than a header, unknown version) closes that connection; a
+well-formed frame with a bad op, key or ledger gets an error status; nothing
+stored changes on any error path.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import struct
+from collections import defaultdict
+from typing import Any
+
+from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.storage import LedgerState, LedgerStorage
+from bookkeeper.proto import (
+    ENTRY_HEADER_BYTES,
+    NO_KEY,
+    Flag,
+    FrameError,
+    Op,
+    Status,
+    encode_responses,
+    entry_header,
+    parse_requests,
+    shard_for_ledger,
+)
+
+log = logging.getLogger(__name__)
+
+Response = tuple[int, int, int, int, int, int, bytes]
+BOOKIE_INFO = struct.Struct(">QQHH")
+LONG_POLL_MAX_MS = 60_000
+
+
+class BookieProtocol(asyncio.Protocol):
+    """One client connection to a shard."""
+
+    def __init__(self, shard: ShardServer) -> None:
+        self.shard = shard
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._out: list[Response] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.shard.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.shard.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            frames, used = parse_requests(self._buf, self.shard.max_frame_bytes)
+        except FrameError as e:
+            self.shard.counters["bad_frames"] += 1
+            log.info("closing connection %s: %s", self.peer, e)
+            self._buf.clear()
+            self.close()
+            return
+        del self._buf[:used]
+        for frame in frames:
+            self.shard.dispatch(self, frame)
+        self.flush()
+
+    @property
+    def peer(self) -> Any:
+        return self.transport.get_extra_info("peername") if self.transport else None
+
+    def respond(self, resp: Response) -> None:
+        self._out.append(resp)
+
+    def flush(self) -> None:
+        if self._out and not self.closed and self.transport is not None:
+            self.transport.write(encode_responses(self._out))
+        self._out = []
+
+    def send_now(self, responses: list[Response]) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(encode_responses(responses))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class ShardServer:
+    """Request handling of one shard: storage + journal + long-poll waiters."""
+
+    def __init__(self, *, storage: LedgerStorage, shard_index: int, shards: int,
+                 max_frame_bytes: int, readonly: bool, data_dir: str) -> None:
+        self.storage = storage
+        self.journal: Journal | None = None
+        self.shard_index = shard_index
+        self.shards = shards
+        self.max_frame_bytes = max_frame_bytes
+        self.readonly = readonly
+        self.data_dir = data_dir
+        self.connections: set[BookieProtocol] = set()
+        self.counters: dict[str, int] = defaultdict(int)
+        # (ledger, entry) -> [(conn, request_id, timer)] waiting for that entry (long poll)
+        self._waiters: dict[tuple[int, int], list[tuple[BookieProtocol, int, asyncio.TimerHandle]]] = {}
+
+    # -- journal callbacks -----------------------------------------------------
+    def on_durable(self, items: list[Any]) -> None:
+        """A journal batch is durable: answer its adds, one write per connection."""
+        per_conn: dict[BookieProtocol, list[Response]] = {}
+        for conn, resp in items:
+            if conn is None:
+                continue
+            per_conn.setdefault(conn, []).append(resp)
+            if resp[0] == Op.ADD_ENTRY and self._waiters:
+                self._wake(resp[3], resp[4])
+        for conn, responses in per_conn.items():
+            conn.send_now(responses)
+
+    def on_failed(self, items: list[Any], err: OSError) -> None:
+        per_conn: dict[BookieProtocol, list[Response]] = {}
+        for conn, resp in items:
+            if conn is not None:
+                per_conn.setdefault(conn, []).append(
+                    (resp[0], Status.SERVER_ERROR, resp[2], resp[3], resp[4], -1, b""))
+        for conn, responses in per_conn.items():
+            conn.send_now(responses)
+
+    # -- dispatch --------------------------------------------------------------
+    def dispatch(self, conn: BookieProtocol, frame: tuple) -> None:
+        op, flags, req_id, ledger_id, entry_id, key, aux, payload, blob_lac = frame
+        self.counters[f"op_{op}"] += 1
+        try:
+            if op == Op.ADD_ENTRY:
+                self._add(conn, flags, req_id, ledger_id, entry_id, key, payload, blob_lac)
+            elif op == Op.READ_ENTRY:
+                self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
+            elif op == Op.READ_LAC:
+                self._read_lac(conn, flags, req_id, ledger_id, key)
+            elif op == Op.GET_BOOKIE_INFO:
+                usage = shutil.disk_usage(self.data_dir)
+                conn.respond((op, Status.OK, req_id, 0, 0, -1,
+                              BOOKIE_INFO.pack(usage.free, usage.total, self.shard_index, self.shards)))
+            else:
+                conn.respond((op, Status.UNKNOWN_OP, req_id, ledger_id, entry_id, -1, b""))
+        except Exception:  # a bug must cost one request, never the shard
+            log.exception("request op=%s ledger=%s entry=%s failed", op, ledger_id, entry_id)
+            conn.respond((op, Status.SERVER_ERROR, req_id, ledger_id, entry_id, -1, b""))
+
+    def _wrong_shard(self, ledger_id: int) -> bool:
+        return shard_for_ledger(ledger_id, self.shards) != self.shard_index
+
+    def _add(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
+             key: bytes, payload: bytes, blob_lac: int) -> None:
+        op = Op.ADD_ENTRY
+
+        def fail(status: Status) -> None:
+            conn.respond((op, status, req_id, ledger_id, entry_id, -1, b""))
+
+        if self.readonly:
+            return fail(Status.READ_ONLY)
+        if entry_id < 0 or len(payload) < ENTRY_HEADER_BYTES or self._wrong_shard(ledger_id):
+            return fail(Status.BAD_REQUEST)
+        blob_ledger, blob_entry, _, _ = entry_header(payload)
+        if blob_ledger != ledger_id or blob_entry != entry_id:
+            return fail(Status.BAD_REQUEST)
+        st = self.storage.ledger(ledger_id)
+        journal = self.journal
+        assert journal is not None
+        if st is None:
+            if key == NO_KEY:
+                return fail(Status.UNAUTHORIZED)
+            st = self.storage.create_ledger(ledger_id, key)
+            journal.append(REC_MASTER_KEY, ledger_id, -1, key, (None, None))
+        elif st.master_key != key:
+            return fail(Status.UNAUTHORIZED)
+        if st.fenced and not flags & Flag.RECOVERY_ADD:
+            return fail(Status.FENCED)
+        self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
+        journal.append(REC_ADD, ledger_id, entry_id, payload,
+                       (conn, (op, Status.OK, req_id, ledger_id, entry_id, st.lac, b"")))
+
+    def _fence(self, ledger_id: int, key: bytes) -> tuple[LedgerState | None, Status]:
+        """Fence a ledger, creating its state if this shard never saw it.
+
+        The caller journals a REC_FENCE record carrying its reply, so the reply
+        leaves only once the fence is durable.
+        """
+        st = self.storage.ledger(ledger_id)
+        if key == NO_KEY:
+            return st, Status.UNAUTHORIZED
+        journal = self.journal
+        assert journal is not None
+        if st is None:
+            st = self.storage.create_ledger(ledger_id, key)
+            journal.append(REC_MASTER_KEY, ledger_id, -1, key, (None, None))
+        elif st.master_key != key:
+            return st, Status.UNAUTHORIZED
+        st.fenced = True
+        return st, Status.OK
+
+    def _read(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
+              key: bytes, aux: int) -> None:
+        op = Op.READ_ENTRY
+        if self._wrong_shard(ledger_id):
+            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, entry_id, -1, b""))
+        if flags & Flag.FENCE:
+            st, status = self._fence(ledger_id, key)
+            if status != Status.OK:
+                return conn.respond((op, status, req_id, ledger_id, entry_id, -1, b""))
+            assert st is not None and self.journal is not None
+            data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
+            status = Status.OK if data is not None else Status.NO_SUCH_ENTRY
+            self.journal.append(REC_FENCE, ledger_id, -1, b"",
+                                (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b"")))
+            return None
+        st = self.storage.ledger(ledger_id)
+        if st is None:
+            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
+        data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
+        if data is None and flags & Flag.LONG_POLL and entry_id >= 0:
+            timeout_ms = min(aux, LONG_POLL_MAX_MS)
+            self._park(conn, req_id, ledger_id, entry_id, timeout_ms)
+            return None
+        if data is None:
+            return conn.respond((op, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, st.lac, b""))
+        conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
+
+    def _read_lac(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, key: bytes) -> None:
+        op = Op.READ_LAC
+        if self._wrong_shard(ledger_id):
+            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, -1, -1, b""))
+        if flags & Flag.FENCE:
+            st, status = self._fence(ledger_id, key)
+            if status != Status.OK:
+                return conn.respond((op, status, req_id, ledger_id, -1, -1, b""))
+            assert st is not None and self.journal is not None
+            last = self.storage.last_entry_id(ledger_id)
+            self.journal.append(REC_FENCE, ledger_id, -1, b"",
+                                (conn, (op, Status.OK, req_id, ledger_id, last, st.lac, b"")))
+            return None
+        st = self.storage.ledger(ledger_id)
+        if st is None:
+            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, -1, -1, b""))
+        conn.respond((op, Status.OK, req_id, ledger_id, self.storage.last_entry_id(ledger_id), st.lac, b""))
+
+    # -- long poll -------------------------------------------------------------
+    def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
+        key = (ledger_id, entry_id)
+        loop = asyncio.get_running_loop()
+
+        def expire() -> None:
+            waiters = self._waiters.get(key, [])
+            for i, (c, r, _) in enumerate(waiters):
+                if c is conn and r == req_id:
+                    del waiters[i]
+                    break
+            if not waiters:
+                self._waiters.pop(key, None)
+            st = self.storage.ledger(ledger_id)
+            conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id,
+                            st.lac if st else -1, b"")])
+
+        timer = loop.call_later(timeout_ms / 1000.0, expire)
+        self._waiters.setdefault(key, []).append((conn, req_id, timer))
+
+    def _wake(self, ledger_id: int, entry_id: int) -> None:
+        waiters = self._waiters.pop((ledger_id, entry_id), None)
+        if not waiters:
+            return
+        data = self.storage.get_entry(ledger_id, entry_id) or b""
+        st = self.storage.ledger(ledger_id)
+        for conn, req_id, timer in waiters:
+            timer.cancel()
+            conn.send_now([(Op.READ_ENTRY, Status.OK, req_id, ledger_id, entry_id, st.lac if st else -1, data)])

@@ -1,0 +1,181 @@
+"""Entry point of one shard process: storage + journal + server on its own uvloop.
+
+Lives in: a shard process started by the supervisor (`python -m bookkeeper.bookie.shard`).
+
+Start order is the durability argument: open storage (its checkpoint mark), replay
+the journal past the mark (stopping at a torn tail), start a fresh journal file,
+checkpoint what was replayed, and only then listen. A shard shares no mutable
+state with its siblings; it owns the ledgers `shard_for_ledger` gives it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import uvloop
+
+from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
+from bookkeeper.bookie.journal import Journal, make_syncer
+from bookkeeper.bookie.journal.journal import Record
+from bookkeeper.bookie.server import BookieProtocol, ShardServer
+from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.config import BookieConfig
+from bookkeeper.proto import entry_header
+
+log = logging.getLogger("bookkeeper.shard")
+
+
+def apply_records(storage: LedgerStorage, records: list[Record]) -> None:
+    """Replay journal records into storage: idempotent, in journal order."""
+    for rtype, ledger_id, entry_id, data in records:
+        st = storage.ledger(ledger_id)
+        if rtype == REC_MASTER_KEY:
+            if st is None:
+                storage.create_ledger(ledger_id, data)
+        elif rtype == REC_FENCE:
+            if st is not None:
+                st.fenced = True
+        elif rtype == REC_ADD and st is not None:
+            storage.put_entry(ledger_id, entry_id, data, entry_header(data)[2])
+
+
+class Shard:
+    """One shard's components and periodic work (checkpoint, garbage collection)."""
+
+    def __init__(self, cfg: BookieConfig, index: int) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.loop = asyncio.get_running_loop()
+        self.storage = LedgerStorage(cfg.shard_ledger_dir(index))
+        self.server = ShardServer(storage=self.storage, shard_index=index, shards=cfg.shards,
+                                  max_frame_bytes=cfg.max_frame_bytes, readonly=cfg.readonly,
+                                  data_dir=str(cfg.shard_ledger_dir(index)))
+        self.syncer = make_syncer(cfg.journal_sync, self.loop)
+        self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
+                               on_durable=self._on_durable, on_failed=self.server.on_failed,
+                               group_wait_us_max=cfg.journal_max_group_wait_us,
+                               batch_bytes_max=cfg.journal_max_batch_bytes,
+                               preallocate_bytes=cfg.journal_preallocate_bytes,
+                               file_max_bytes=cfg.journal_file_max_bytes)
+        self.server.journal = self.journal
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    def _on_durable(self, items: list) -> None:
+        self.server.on_durable(items)
+        if self.storage.write_cache_bytes > self.cfg.write_cache_max_bytes:
+            self.request_checkpoint()
+
+    def request_checkpoint(self) -> None:
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = self.loop.create_task(self.checkpoint())
+
+    async def checkpoint(self) -> None:
+        """Flush the write cache to the entry log + index, then drop journal files before the mark."""
+        mark = self.journal.position()
+        snap, states = self.storage.snapshot()
+        await self.loop.run_in_executor(None, self.storage.flush, snap, states, mark)
+        self.storage.flush_done()
+        self.journal.trim(mark[0])
+
+    async def run(self) -> None:
+        t0 = time.monotonic()
+        result = self.journal.replay(self.storage.checkpoint_mark(),
+                                     lambda recs: apply_records(self.storage, recs))
+        self.journal.start()
+        await self.checkpoint()
+        log.info("shard %d: replayed %d records from %d journal files (%d torn block(s) discarded) in %.2fs; "
+                 "journal sync: %s", self.index, result.records, result.files, result.blocks_torn,
+                 time.monotonic() - t0, self.syncer.kind)
+        port = self.cfg.port_of_shard(self.index)
+        srv = await self.loop.create_server(lambda: BookieProtocol(self.server), self.cfg.bind_address, port,
+                                            reuse_address=True, backlog=1024)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._stopping.set)
+        print(f"READY shard={self.index} port={port} sync={self.syncer.kind}", flush=True)
+        periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self.checkpoint)),
+                    self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect))]
+        await self._stopping.wait()
+        srv.close()
+        for conn in list(self.server.connections):
+            conn.close()
+        for task in periodic:
+            task.cancel()
+        await self.journal.drain()
+        if self._checkpointing is not None:
+            await asyncio.shield(self._checkpointing)
+        await self.checkpoint()
+        self.journal.close()
+        self.syncer.close()
+        self.storage.close()
+        log.info("shard %d stopped", self.index)
+
+    async def _every(self, interval_s: float, job) -> None:  # noqa: ANN001
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                if job == self.checkpoint:
+                    self.request_checkpoint()
+                    await asyncio.shield(self._checkpointing)  # type: ignore[arg-type]
+                else:
+                    await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("shard %d: periodic %s failed", self.index, getattr(job, "__name__", job))
+
+    async def garbage_collect(self) -> int:
+        """Drop ledgers whose metadata is gone (deleted): metadata is created before any add."""
+        from bookkeeper.meta.zk import ZkMetadataStore
+
+        candidates = list(self.storage.ledgers)
+        if not candidates:
+            return 0
+
+        def missing() -> list[int]:
+            store = ZkMetadataStore(self.cfg.metadata_uri, session_timeout_ms=self.cfg.zk_session_timeout_ms)
+            try:
+                return [lid for lid in candidates if not store.ledger_exists(lid)]
+            finally:
+                store.close()
+
+        gone = await self.loop.run_in_executor(None, missing)
+        for lid in gone:
+            self.storage.delete_ledger(lid)
+        if gone:
+            log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
+        return len(gone)
+
+
+def pin_to_core(index: int) -> None:
+    """Pin this shard to one of the cores the bookie may use (shard i -> i-th core)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bookkeeper.bookie.shard")
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    args = parser.parse_args(argv)
+    cfg = BookieConfig.from_dict(json.loads(args.config_json))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s shard-{args.index} %(levelname)s %(name)s: %(message)s")
+    if cfg.pin_shards:
+        pin_to_core(args.index)
+
+    async def run() -> None:
+        await Shard(cfg, args.index).run()
+
+    uvloop.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

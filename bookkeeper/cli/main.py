@@ -1,0 +1,303 @@
+"""`bk`: the command line of bookies, ledgers and the local sandbox (API.md section 2).
+
+User errors print one line on stderr and exit non-zero; no traceback, and no log
+lines from client commands unless -v is given. `--metadata-uri` (env
+BK_METADATA_URI) is accepted before or after the sub-command.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from bookkeeper.errors import BKError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """A mistake on the command line: printed as one line, exit code 2."""
+
+
+def _uri(args: argparse.Namespace) -> str:
+    uri = getattr(args, "metadata_uri", None) or os.environ.get("BK_METADATA_URI")
+    if not uri:
+        raise UsageError("no metadata URI: pass --metadata-uri zk://host:port/ledgers or set BK_METADATA_URI")
+    return uri
+
+
+def _with_client(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
+    """Run an async command body with a connected client on uvloop."""
+    def run(args: argparse.Namespace) -> int:
+        import uvloop
+
+        from bookkeeper import BookKeeper
+
+        async def main() -> int:
+            async with await BookKeeper.connect(_uri(args)) as bk:
+                return await fn(bk, args)
+        return uvloop.run(main())
+    return run
+
+
+# -- bookies ---------------------------------------------------------------------
+@_with_client
+async def cmd_bookies_list(bk: Any, args: argparse.Namespace) -> int:
+    await bk.refresh_bookies()
+    regs = await bk._run(lambda: bk.store.get_bookies(readonly=True)) if args.readonly else \
+        await bk._run(bk.store.get_bookies)
+    rows = [{"bookie_id": bid, "rack": info.get("rack", ""), "readonly": bool(info.get("readonly", args.readonly)),
+             "shards": [{"host": s["host"], "port": s["port"]} for s in info.get("shards", [])]}
+            for bid, info in sorted(regs.items())]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table("bookie id", "rack", "readonly", "shards")
+    for r in rows:
+        table.add_row(r["bookie_id"], r["rack"], str(r["readonly"]),
+                      " ".join(f"{s['host']}:{s['port']}" for s in r["shards"]))
+    out.print(table)
+    return 0
+
+
+# -- ledgers ---------------------------------------------------------------------
+@_with_client
+async def cmd_ledgers_list(bk: Any, args: argparse.Namespace) -> int:
+    async for lid in bk.list_ledgers():
+        print(lid)
+    return 0
+
+
+@_with_client
+async def cmd_ledger_metadata(bk: Any, args: argparse.Namespace) -> int:
+    md = await bk.ledger_metadata(args.ledger_id)
+    print(json.dumps(md.to_json_dict(), indent=2))
+    return 0
+
+
+@_with_client
+async def cmd_ledger_read(bk: Any, args: argparse.Namespace) -> int:
+    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=False)
+    last = lh.last_add_confirmed if args.to is None else args.to
+    first = args.from_
+    if last < first:
+        return 0
+    step = 1000
+    for start in range(first, last + 1, step):
+        for e in await lh.read(start, min(last, start + step - 1)):
+            if args.json:
+                print(json.dumps({"entry_id": e.entry_id, "data_b64": base64.b64encode(e.data).decode()}))
+            else:
+                print(f"{e.entry_id}\t{e.data.decode('utf-8', 'backslashreplace')}")
+    return 0
+
+
+@_with_client
+async def cmd_ledger_delete(bk: Any, args: argparse.Namespace) -> int:
+    await bk.delete_ledger(args.ledger_id)
+    err.print(f"deleted ledger {args.ledger_id}")
+    return 0
+
+
+@_with_client
+async def cmd_simpletest(bk: Any, args: argparse.Namespace) -> int:
+    return await simpletest(bk, ensemble=args.ensemble, write_quorum=args.write_quorum,
+                            ack_quorum=args.ack_quorum, entries=args.entries, entry_size=args.entry_size)
+
+
+async def simpletest(bk: Any, *, ensemble: int, write_quorum: int, ack_quorum: int, entries: int,
+                     entry_size: int = 100, quiet: bool = False, window: int = 10_000) -> int:
+    """Create, write N entries (pipelined), read back, verify, delete. Non-zero on any mismatch."""
+    if entries < 1:
+        raise UsageError("--entries must be >= 1")
+    lh = await bk.create_ledger(ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                                password=b"simpletest")
+
+    def payload(i: int) -> bytes:
+        return f"{i:010d}".encode().ljust(entry_size, b".")[:max(entry_size, 10)]
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=err, transient=True, disable=quiet)
+    with progress:
+        task = progress.add_task("write", total=entries)
+        t0 = time.perf_counter()
+        inflight: list[asyncio.Future[int]] = []
+        for i in range(entries):
+            inflight.append(lh.add_entry_async(payload(i)))
+            if len(inflight) >= window:
+                ids = await asyncio.gather(*inflight)
+                if ids != list(range(ids[0], ids[0] + len(ids))):
+                    err.print("[red]acknowledged ids are not contiguous[/]")
+                    return 1
+                inflight = []
+                progress.update(task, completed=i + 1)
+        await asyncio.gather(*inflight)
+        write_s = time.perf_counter() - t0
+        await lh.close()
+        progress.update(task, completed=entries)
+        rh = await bk.open_ledger(lh.ledger_id, password=b"simpletest")
+        task = progress.add_task("read", total=entries)
+        t1 = time.perf_counter()
+        bad = 0
+        for start in range(0, entries, 5000):
+            got = await rh.read(start, min(entries - 1, start + 4999))
+            bad += sum(1 for e in got if e.data != payload(e.entry_id))
+            progress.update(task, completed=start + len(got))
+        read_s = time.perf_counter() - t1
+    await bk.delete_ledger(lh.ledger_id)
+    if rh.last_add_confirmed != entries - 1 or bad:
+        err.print(f"[red]simpletest failed[/]: lac={rh.last_add_confirmed} expected {entries - 1}, {bad} mismatches")
+        return 1
+    if not quiet:
+        table = Table("ledger", "E/Qw/Qa", "entries", "write entries/s", "read entries/s")
+        table.add_row(str(lh.ledger_id), f"{ensemble}/{write_quorum}/{ack_quorum}", str(entries),
+                      f"{entries / write_s:,.0f}", f"{entries / read_s:,.0f}")
+        out.print(table)
+    return 0
+
+
+# -- servers -----------------------------------------------------------------------
+def cmd_bookie(args: argparse.Namespace) -> int:
+    from bookkeeper.bookie.supervisor import run_bookie
+    from bookkeeper.config import BookieConfig
+
+    logging.getLogger().setLevel(logging.INFO)
+    overrides = {"metadata_uri": getattr(args, "metadata_uri", None)}
+    cfg = BookieConfig.load(args.conf, **overrides)
+    return run_bookie(cfg)
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from bookkeeper import BookKeeper
+    from bookkeeper.testing.cluster import LocalCluster
+
+    directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bk-sandbox-"))
+    cluster = LocalCluster(directory, bookies=args.bookies, shards=args.shards, zk_port=args.zk_port,
+                           journal_sync=args.journal_sync)
+    stop = False
+
+    def on_signal(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+    signal.signal(signal.SIGTERM, on_signal)
+    err.print(f"starting ZooKeeper and {args.bookies} bookies under {directory} ...")
+    cluster.start()
+    try:
+        async def smoke() -> int:
+            async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+                return await simpletest(bk, ensemble=min(3, args.bookies), write_quorum=min(2, args.bookies),
+                                        ack_quorum=min(2, args.bookies), entries=1000, quiet=True)
+        if uvloop.run(smoke()) != 0:
+            err.print("[red]smoke test failed[/]")
+            return 1
+        err.print("smoke test passed: wrote and read back a ledger of 1000 entries")
+        print(f"metadata_uri={cluster.metadata_uri}", flush=True)
+        err.print("sandbox is up; Ctrl-C stops it")
+        while not stop:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        err.print("stopping sandbox ...")
+        cluster.stop()
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--metadata-uri", default=argparse.SUPPRESS, help="zk://host:port/ledgers (env BK_METADATA_URI)")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log to stderr")
+
+    p = argparse.ArgumentParser(prog="bk", description="BookKeeper in Python", parents=[common])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sandbox", parents=[common], help="local cluster: ZooKeeper + N bookies")
+    s.add_argument("--bookies", type=int, default=3)
+    s.add_argument("--shards", type=int, default=None)
+    s.add_argument("--dir", default=None)
+    s.add_argument("--zk-port", type=int, default=None)
+    s.add_argument("--journal-sync", choices=["io_uring", "thread"], default="io_uring")
+    s.set_defaults(func=cmd_sandbox)
+
+    s = sub.add_parser("bookie", parents=[common], help="run one bookie")
+    s.add_argument("--conf", required=True)
+    s.set_defaults(func=cmd_bookie)
+
+    s = sub.add_parser("bookies", parents=[common], help="bookie commands")
+    bsub = s.add_subparsers(dest="bookies_cmd", required=True)
+    s = bsub.add_parser("list", parents=[common])
+    s.add_argument("--readonly", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_bookies_list)
+
+    s = sub.add_parser("ledgers", parents=[common], help="ledger listing")
+    lsub = s.add_subparsers(dest="ledgers_cmd", required=True)
+    s = lsub.add_parser("list", parents=[common])
+    s.set_defaults(func=cmd_ledgers_list)
+
+    s = sub.add_parser("ledger", parents=[common], help="one ledger")
+    lsub = s.add_subparsers(dest="ledger_cmd", required=True)
+    s = lsub.add_parser("metadata", parents=[common])
+    s.add_argument("ledger_id", type=int)
+    s.set_defaults(func=cmd_ledger_metadata)
+    s = lsub.add_parser("read", parents=[common])
+    s.add_argument("ledger_id", type=int)
+    s.add_argument("--from", dest="from_", type=int, default=0)
+    s.add_argument("--to", type=int, default=None)
+    s.add_argument("--password", default="")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ledger_read)
+    s = lsub.add_parser("delete", parents=[common])
+    s.add_argument("ledger_id", type=int)
+    s.set_defaults(func=cmd_ledger_delete)
+
+    s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
+    s.add_argument("--ensemble", "-e", type=int, default=3)
+    s.add_argument("--write-quorum", "-w", type=int, default=2)
+    s.add_argument("--ack-quorum", "-a", type=int, default=2)
+    s.add_argument("--entries", "-n", type=int, default=100)
+    s.add_argument("--entry-size", type=int, default=100)
+    s.set_defaults(func=cmd_simpletest)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "shards", 0) is None:
+        from bookkeeper.config import default_shards
+        args.shards = default_shards()
+    try:
+        return args.func(args)
+    except UsageError as e:
+        err.print(f"bk: {e}")
+        return 2
+    except BKError as e:
+        err.print(f"bk: {type(e).__name__}: {e}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Connections to bookie shards: pipelined requests, callbacks per request id.
+
+Lives in: the client's event loop. One connection per shard address, shared by
+every ledger whose owning shard it is. Requests issued in one loop iteration
+are written together; responses are parsed a whole receive buffer at a time by
+the Cython codec. A connection that fails fails all its outstanding requests
+with BookieUnavailableError; the next request reconnects.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bookkeeper.errors import BKError, BookieUnavailableError, TimeoutError, error_for_status
+from bookkeeper.proto import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameError,
+    Status,
+    encode_request,
+    parse_responses,
+    shard_for_ledger,
+)
+
+log = logging.getLogger(__name__)
+
+# callback(response tuple or None, exception or None)
+Callback = Callable[[tuple | None, BKError | None], None]
+
+
+class _ShardProtocol(asyncio.Protocol):
+    def __init__(self, conn: ShardConnection) -> None:
+        self.conn = conn
+        self.buf = bytearray()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        try:
+            frames, used = parse_responses(self.buf, self.conn.max_frame_bytes)
+        except FrameError as e:
+            self.conn._lost(e)
+            return
+        del self.buf[:used]
+        self.conn._dispatch(frames)
+
+
+class ShardConnection:
+    """One TCP connection to one bookie shard (client event loop only)."""
+
+    def __init__(self, host: str, port: int, *, timeout_s: float, max_frame_bytes: int) -> None:
+        self.host, self.port = host, port
+        self.timeout_s = timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[Callback, float]] = {}
+        self._outbox: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    async def _connect(self) -> None:
+        try:
+            transport, _ = await asyncio.wait_for(
+                self._loop.create_connection(lambda: _ShardProtocol(self), self.host, self.port),
+                self.timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            self._fail_all(BookieUnavailableError(f"cannot connect to {self.host}:{self.port}: {e}"))
+            self._outbox.clear()
+            return
+        self._transport = transport  # type: ignore[assignment]
+        self._flush()
+
+    def request(self, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes, aux: int,
+                payload: bytes, callback: Callback) -> None:
+        """Queue one request; callback runs on the loop with the response or an error."""
+        req_id = next(self._ids)
+        self._pending[req_id] = (callback, time.monotonic() + self.timeout_s)
+        self._outbox.append(encode_request(op, flags, req_id, ledger_id, entry_id, key, aux, payload))
+        if self.connected:
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        elif self._connecting is None or self._connecting.done():
+            self._connecting = self._loop.create_task(self._connect())
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._outbox and self.connected:
+            assert self._transport is not None
+            self._transport.writelines(self._outbox)
+            self._outbox = []
+
+    def _dispatch(self, frames: list[tuple]) -> None:
+        for frame in frames:
+            entry = self._pending.pop(frame[2], None)
+            if entry is None:
+                continue  # timed out earlier
+            cb = entry[0]
+            status = frame[1]
+            if status == Status.OK:
+                cb(frame, None)
+            else:
+                cb(frame, error_for_status(status, f"bookie {self.host}:{self.port}: {Status(status).name}"
+                                           if status in Status._value2member_map_ else ""))
+
+    def _fail_all(self, err: BKError) -> None:
+        pending, self._pending = self._pending, {}
+        for cb, _ in pending.values():
+            cb(None, err)
+
+    def _lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._fail_all(BookieUnavailableError(f"connection to {self.host}:{self.port} lost: {exc or 'closed'}"))
+
+    def expire(self, now: float) -> None:
+        """Fail requests past their deadline with TimeoutError."""
+        late = [rid for rid, (_, deadline) in self._pending.items() if deadline < now]
+        for rid in late:
+            cb, _ = self._pending.pop(rid)
+            cb(None, TimeoutError(f"request to {self.host}:{self.port} timed out after {self.timeout_s}s"))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._transport = None
+
+
+class BookieClientPool:
+    """Shard-aware routing: bookie id + ledger id -> the owning shard's connection."""
+
+    def __init__(self, resolve: Callable[[str], dict[str, Any] | None], *, timeout_s: float = 30.0,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._resolve = resolve
+        self.timeout_s = timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self._conns: dict[tuple[str, int], ShardConnection] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def connection(self, bookie_id: str, ledger_id: int) -> ShardConnection:
+        info = self._resolve(bookie_id)
+        if info is None:
+            raise BookieUnavailableError(f"bookie {bookie_id} is not registered")
+        shards = info["shards"]
+        shard = shards[shard_for_ledger(ledger_id, len(shards))]
+        return self.connection_to(shard["host"], shard["port"])
+
+    def connection_to(self, host: str, port: int) -> ShardConnection:
+        key = (host, port)
+        conn = self._conns.get(key)
+        if conn is None:
+            conn = self._conns[key] = ShardConnection(host, port, timeout_s=self.timeout_s,
+                                                      max_frame_bytes=self.max_frame_bytes)
+            if self._sweeper is None:
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return conn
+
+    def send(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
+             aux: int, payload: bytes, callback: Callback) -> None:
+        """Route one request; an unresolvable bookie fails through the callback, like any other error."""
+        try:
+            conn = self.connection(bookie_id, ledger_id)
+        except BKError as e:
+            asyncio.get_running_loop().call_soon(callback, None, e)
+            return
+        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback)
+
+    async def call(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
+                   aux: int = 0, payload: bytes = b"") -> tuple:
+        """One request as a coroutine: the response tuple, or raises its error."""
+        fut: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
+
+        def done(resp: tuple | None, err: BKError | None) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(resp)  # type: ignore[arg-type]
+        self.send(bookie_id, op, flags, ledger_id, entry_id, key, aux, payload, done)
+        return await fut
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                conn.expire(now)
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()

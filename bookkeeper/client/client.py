@@ -1,0 +1,132 @@
+"""The asyncio BookKeeper client: ledger lifecycle over ZooKeeper metadata and bookie shards.
+
+Lives in: the caller's event loop. Metadata calls (kazoo, blocking) run in the
+default executor so a slow ZooKeeper never stalls adds in flight on the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from bookkeeper.client.bookie_client import BookieClientPool
+from bookkeeper.client.digest import master_key
+from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
+from bookkeeper.errors import BKError, NotEnoughBookiesError, UnauthorizedError
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, password_digest
+from bookkeeper.meta.zk import ZkMetadataStore
+
+T = TypeVar("T")
+
+
+class BookKeeper:
+    """Client of one BookKeeper cluster (asyncio). Create with `await BookKeeper.connect(uri)`."""
+
+    def __init__(self, store: ZkMetadataStore, *, timeout_s: float = 30.0) -> None:
+        self.store = store
+        self.pool = BookieClientPool(self._resolve, timeout_s=timeout_s)
+        self._bookies: dict[str, dict[str, Any]] = {}
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def connect(cls, metadata_uri: str, *, timeout_s: float = 30.0,
+                      zk_session_timeout_ms: int = 10_000) -> BookKeeper:
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(
+            None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=zk_session_timeout_ms))
+        bk = cls(store, timeout_s=timeout_s)
+        await bk.refresh_bookies()
+        return bk
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self.pool.close()
+        await self._run(self.store.close)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._loop.run_in_executor(None, functools.partial(fn, *args))
+
+    # -- bookies -----------------------------------------------------------
+    async def refresh_bookies(self) -> dict[str, dict[str, Any]]:
+        """Re-read the registered bookies (writable and read-only)."""
+        writable = await self._run(self.store.get_bookies)
+        readonly = await self._run(functools.partial(self.store.get_bookies, readonly=True))
+        self._bookies = {**readonly, **writable}
+        self._writable = list(writable)
+        return self._bookies
+
+    def _resolve(self, bookie_id: str) -> dict[str, Any] | None:
+        return self._bookies.get(bookie_id)
+
+    @staticmethod
+    def master_key(password: bytes) -> bytes:
+        return master_key(password)
+
+    # -- metadata helpers (used by handles) ------------------------------------
+    async def _read_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return await self._run(self.store.read_ledger, ledger_id)
+
+    async def _write_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
+        return await self._run(self.store.write_ledger, md)
+
+    # -- ledgers -------------------------------------------------------------
+    async def create_ledger(self, *, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
+                            digest: DigestType = DigestType.CRC32C, password: bytes = b"",
+                            custom_metadata: dict[str, bytes] | None = None) -> WriteHandle:
+        """Create a ledger on `ensemble` random writable bookies and return its write handle."""
+        if not (1 <= ack_quorum <= write_quorum <= ensemble):
+            raise BKError(f"need 1 <= ack_quorum <= write_quorum <= ensemble, got "
+                          f"{ensemble}/{write_quorum}/{ack_quorum}")
+        if not isinstance(password, bytes):
+            raise TypeError("password must be bytes")
+        custom = dict(custom_metadata or {})
+        for k, v in custom.items():
+            if not isinstance(k, str) or not isinstance(v, bytes):
+                raise TypeError("custom_metadata must map str to bytes")
+        await self.refresh_bookies()
+        if len(self._writable) < ensemble:
+            raise NotEnoughBookiesError(f"ensemble of {ensemble} needs {ensemble} writable bookies, "
+                                        f"{len(self._writable)} registered")
+        chosen = random.sample(self._writable, ensemble)
+        ledger_id = await self._run(self.store.allocate_ledger_id)
+        md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
+                            ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=password_digest(password),
+                            ensembles={0: chosen}, custom_metadata=custom)
+        md = await self._run(self.store.create_ledger, md)
+        return WriteHandle(self, md, password)
+
+    async def open_ledger(self, ledger_id: int, *, password: bytes = b"", digest: DigestType | None = None,
+                          recovery: bool = True) -> ReadHandle:
+        """Open for reading. recovery=True fences and closes a ledger that may still have a writer."""
+        md = await self._read_metadata(ledger_id)
+        if password_digest(password) != md.password_digest:
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        if digest is not None and DigestType(digest) is not md.digest:
+            raise BKError(f"ledger {ledger_id} uses digest {md.digest.value}, not {DigestType(digest).value}")
+        if not md.is_closed:
+            await self.refresh_bookies()
+            if recovery:
+                md = await recover(self, md, password)
+        handle = ReadHandle(self, md, password, md.last_entry_id)
+        if not md.is_closed:
+            await handle.read_last_add_confirmed()
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata; bookies garbage-collect its entries."""
+        await self._run(self.store.delete_ledger, ledger_id)
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        ids = await self._run(lambda: list(self.store.list_ledgers()))
+        for lid in ids:
+            yield lid
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return await self._read_metadata(ledger_id)

@@ -1,0 +1,191 @@
+"""Bookie configuration: one frozen, validated dataclass loaded from TOML and env.
+
+Precedence: defaults < TOML file < `BK_*` environment variables < explicit
+overrides (the `bk bookie` command line). Apache BookKeeper's key names are
+accepted as aliases so operators can carry their habits over.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bookkeeper.errors import ConfigError
+from bookkeeper.proto import DEFAULT_MAX_FRAME_BYTES
+
+ALIASES: dict[str, str] = {
+    "metadataServiceUri": "metadata_uri",
+    "zkServers": "metadata_uri",
+    "bookiePort": "port",
+    "listeningInterface": "bind_address",
+    "advertisedAddress": "advertised_address",
+    "bookieId": "bookie_id",
+    "journalDirectory": "journal_dir",
+    "journalDirectories": "journal_dir",
+    "ledgerDirectories": "ledger_dirs",
+    "nettyMaxFrameSizeBytes": "max_frame_bytes",
+    "httpServerPort": "http_port",
+    "journalMaxGroupWaitMSec": "journal_max_group_wait_us",
+    "journalBufferedWritesThreshold": "journal_max_batch_bytes",
+    "zkTimeout": "zk_session_timeout_ms",
+    "gcWaitTime": "gc_interval_s",
+}
+
+# Aliases whose Apache BookKeeper unit differs from ours: value multiplier.
+_ALIAS_SCALE: dict[str, float] = {"journalMaxGroupWaitMSec": 1000.0, "gcWaitTime": 0.001}
+
+
+def default_shards() -> int:
+    """Usable cores of this process: one shard per core."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def default_address() -> str:
+    """This host's address as other hosts should reach it."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class BookieConfig:
+    """Everything a bookie (supervisor and shards) reads at start. Immutable."""
+
+    metadata_uri: str
+    bind_address: str = "0.0.0.0"
+    advertised_address: str = ""
+    bookie_id: str = ""
+    rack: str = "/default-rack"
+    port: int = 3181
+    shard_ports: tuple[int, ...] = ()
+    shards: int = field(default_factory=default_shards)
+    journal_dir: str = "data/journal"
+    ledger_dirs: tuple[str, ...] = ("data/ledgers",)
+    journal_sync: str = "io_uring"
+    journal_max_group_wait_us: int = 0
+    journal_max_batch_bytes: int = 4 * 1024 * 1024
+    journal_preallocate_bytes: int = 64 * 1024 * 1024
+    journal_file_max_bytes: int = 512 * 1024 * 1024
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    write_cache_max_bytes: int = 64 * 1024 * 1024
+    checkpoint_interval_s: float = 10.0
+    gc_interval_s: float = 60.0
+    http_port: int = 0
+    zk_session_timeout_ms: int = 10_000
+    pin_shards: bool = True
+    readonly: bool = False
+    tls_enabled: bool = False
+    auth_provider: str = ""
+
+    def validate(self) -> BookieConfig:
+        """Raise ConfigError naming the first invalid key; return self for chaining."""
+        if not self.metadata_uri.startswith("zk://"):
+            raise ConfigError(f"metadata_uri must look like zk://host:port/ledgers, got {self.metadata_uri!r}")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if self.shards < 1:
+            raise ConfigError(f"shards must be >= 1, got {self.shards}")
+        if self.shard_ports and len(self.shard_ports) != self.shards:
+            raise ConfigError(f"shard_ports lists {len(self.shard_ports)} ports for {self.shards} shards")
+        if self.journal_sync not in ("io_uring", "thread"):
+            raise ConfigError(f"journal_sync must be 'io_uring' or 'thread', got {self.journal_sync!r}")
+        if not self.ledger_dirs:
+            raise ConfigError("ledger_dirs must list at least one directory")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+        if self.journal_max_batch_bytes < 4096:
+            raise ConfigError("journal_max_batch_bytes must be >= 4096")
+        if self.tls_enabled:
+            raise ConfigError("tls_enabled: TLS is not supported yet")
+        if self.auth_provider:
+            raise ConfigError("auth_provider: authentication plugins are not supported yet")
+        return self
+
+    @property
+    def address(self) -> str:
+        """The address registered for clients."""
+        return self.advertised_address or default_address()
+
+    @property
+    def id(self) -> str:
+        """The bookie id: configured, or advertised_address:port."""
+        return self.bookie_id or f"{self.address}:{self.port}"
+
+    def port_of_shard(self, index: int) -> int:
+        """Shard i listens on port + i unless shard_ports lists it."""
+        return self.shard_ports[index] if self.shard_ports else self.port + index
+
+    def shard_journal_dir(self, index: int) -> Path:
+        return Path(self.journal_dir) / f"shard-{index}"
+
+    def shard_ledger_dir(self, index: int) -> Path:
+        return Path(self.ledger_dirs[0]) / f"shard-{index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BookieConfig:
+        """Build from a mapping with our keys or Apache BookKeeper aliases; unknown keys fail."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            name = ALIASES.get(key, key)
+            if name not in names:
+                raise ConfigError(f"unknown config key {key!r}")
+            if key in _ALIAS_SCALE:
+                value = type(value)(value * _ALIAS_SCALE[key]) if not isinstance(value, str) else value
+            values[name] = _coerce(name, value, names[name].type)
+        if "metadata_uri" not in values:
+            raise ConfigError("metadata_uri is required")
+        return cls(**values).validate()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, *,
+             env: dict[str, str] | None = None, **overrides: Any) -> BookieConfig:
+        """Load TOML (if given), then BK_* env vars, then overrides."""
+        raw: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    raw.update(tomllib.load(f))
+            except FileNotFoundError as e:
+                raise ConfigError(f"config file not found: {path}") from e
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key, value in (os.environ if env is None else env).items():
+            if key.startswith("BK_") and key[3:].lower() in names:
+                raw[key[3:].lower()] = value
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(raw)
+
+
+def _coerce(name: str, value: Any, annotation: str) -> Any:
+    """Turn env strings and TOML values into the field's type, with a clear error."""
+    try:
+        if annotation.startswith("tuple"):
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            inner = int if "int" in annotation else str
+            return tuple(inner(v) for v in value)
+        if annotation == "bool":
+            if isinstance(value, str):
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("1", "true", "yes")
+            return bool(value)
+        if annotation == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if annotation == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config key {name!r}: invalid value {value!r} ({annotation})") from e

@@ -1,0 +1,141 @@
+"""One error root and one registry keyed by the wire status code.
+
+Why one registry: the bookie answers with a status code, the client turns it into
+an exception, and both sides must agree on every code. `error_for_status` is the
+only place a wire status becomes an exception.
+"""
+from __future__ import annotations
+
+
+class BKError(Exception):
+    """Root of every BookKeeper error. `retriable` says whether trying again may succeed."""
+
+    code: int = 100
+    retriable: bool = False
+
+
+class ProtocolError(BKError):
+    """A peer sent bytes that are not a valid frame, or an op it does not support."""
+
+    code = 5
+
+
+class NoSuchLedgerError(BKError):
+    """The ledger does not exist (in metadata, or on the bookie asked)."""
+
+    code = 1
+
+
+class NoSuchEntryError(BKError):
+    """The entry does not exist, or lies past the LAC of an open ledger."""
+
+    code = 2
+
+
+class LedgerFencedError(BKError):
+    """The ledger was fenced by a recovery open: this writer can add no more."""
+
+    code = 3
+
+
+class UnauthorizedError(BKError):
+    """Wrong password (master key) for the ledger."""
+
+    code = 4
+
+
+class TooLargeError(ProtocolError):
+    """A frame or entry over the configured maximum size."""
+
+    code = 6
+
+
+class UnknownOpError(ProtocolError):
+    """The bookie does not know the requested operation."""
+
+    code = 7
+
+
+class BookieReadOnlyError(BKError):
+    """The bookie is read-only and refuses adds."""
+
+    code = 8
+    retriable = True
+
+
+class BookieServerError(BKError):
+    """The bookie failed internally (disk error, full disk); it keeps serving others."""
+
+    code = 9
+    retriable = True
+
+
+class TimeoutError(BKError):  # noqa: A001 - the public name API.md fixes
+    """An operation did not complete within its timeout."""
+
+    code = 10
+    retriable = True
+
+
+class BookieUnavailableError(BKError):
+    """No connection to the bookie (refused, reset, closed)."""
+
+    code = 11
+    retriable = True
+
+
+class NotEnoughBookiesError(BKError):
+    """Fewer writable bookies are registered than the ensemble needs."""
+
+    code = 20
+
+
+class LedgerClosedError(BKError):
+    """The ledger is closed: it takes no more adds."""
+
+    code = 21
+
+
+class DigestMismatchError(BKError):
+    """An entry failed its checksum or MAC on read: it is never returned."""
+
+    code = 22
+
+
+class MetadataVersionError(BKError):
+    """A compare-and-set on ledger metadata lost to a concurrent update."""
+
+    code = 23
+    retriable = True
+
+
+class LedgerExistsError(BKError):
+    """A ledger with that id already exists."""
+
+    code = 24
+
+
+class ConfigError(BKError):
+    """Invalid configuration (bad key, bad value, missing metadata_uri)."""
+
+    code = 30
+
+
+class CookieMismatchError(BKError):
+    """The bookie's directories do not match the cookie registered for its id."""
+
+    code = 31
+
+
+_BY_STATUS: dict[int, type[BKError]] = {
+    cls.code: cls
+    for cls in (NoSuchLedgerError, NoSuchEntryError, LedgerFencedError, UnauthorizedError,
+                ProtocolError, TooLargeError, UnknownOpError, BookieReadOnlyError,
+                BookieServerError, TimeoutError)
+}
+
+
+def error_for_status(status: int, detail: str = "") -> BKError:
+    """The exception a non-zero wire status stands for."""
+    cls = _BY_STATUS.get(status, BookieServerError)
+    return cls(detail or f"{cls.__name__} (status {status})")

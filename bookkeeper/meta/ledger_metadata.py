@@ -1,0 +1,127 @@
+"""Ledger metadata and its versioned, documented serialization (docs/metadata.md).
+
+Format history (the `format_version` field of the JSON object):
+  1 - first version: ensembles as [{"first_entry_id", "bookies"}], custom metadata
+      base64, password digest hex (sha256 of the password).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bookkeeper.errors import BKError
+
+FORMAT_VERSION = 1
+
+
+class DigestType(enum.Enum):
+    """How each entry is checksummed: CRC32C, or a MAC keyed with the password."""
+
+    CRC32C = "CRC32C"
+    MAC = "MAC"
+    DUMMY = "DUMMY"
+
+
+class LedgerState(enum.Enum):
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+def password_digest(password: bytes) -> str:
+    """What metadata keeps of a password: enough to check it, never the password."""
+    return hashlib.sha256(b"bookkeeper-py:" + password).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMetadata:
+    """Immutable snapshot of one ledger's metadata; updates build a new one (replace)."""
+
+    ledger_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    digest: DigestType
+    password_digest: str
+    ensembles: dict[int, list[str]]
+    state: LedgerState = LedgerState.OPEN
+    last_entry_id: int = -1
+    length: int = 0
+    custom_metadata: dict[str, bytes] = field(default_factory=dict)
+    ctime: int = field(default_factory=lambda: int(time.time() * 1000))
+    version: int = -1  # the znode version this snapshot was read at; not serialized
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is LedgerState.CLOSED
+
+    def ensemble_for(self, entry_id: int) -> list[str]:
+        """The ensemble of the segment that holds entry_id."""
+        chosen = None
+        for first in sorted(self.ensembles):
+            if first <= entry_id:
+                chosen = self.ensembles[first]
+        if chosen is None:
+            chosen = self.ensembles[min(self.ensembles)]
+        return chosen
+
+    @property
+    def last_ensemble(self) -> list[str]:
+        return self.ensembles[max(self.ensembles)]
+
+    def replace(self, **changes: Any) -> LedgerMetadata:
+        return dataclasses.replace(self, **changes)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON shape of `bk ledger metadata` and of the stored znode."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "ledger_id": self.ledger_id,
+            "state": self.state.value,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "last_entry_id": self.last_entry_id,
+            "length": self.length,
+            "digest": self.digest.value,
+            "password_digest": self.password_digest,
+            "ensembles": [{"first_entry_id": k, "bookies": list(v)}
+                          for k, v in sorted(self.ensembles.items())],
+            "custom_metadata": {k: base64.b64encode(v).decode() for k, v in self.custom_metadata.items()},
+            "ctime": self.ctime,
+        }
+
+    def serialize(self) -> bytes:
+        return json.dumps(self.to_json_dict(), sort_keys=True).encode()
+
+    @classmethod
+    def deserialize(cls, data: bytes, *, version: int = -1) -> LedgerMetadata:
+        """Parse a stored znode; refuses formats newer than this code knows."""
+        try:
+            d = json.loads(data)
+            fmt = d["format_version"]
+            if fmt > FORMAT_VERSION:
+                raise BKError(f"ledger metadata format {fmt} is newer than supported {FORMAT_VERSION}")
+            return cls(
+                ledger_id=int(d["ledger_id"]),
+                ensemble_size=int(d["ensemble_size"]),
+                write_quorum=int(d["write_quorum"]),
+                ack_quorum=int(d["ack_quorum"]),
+                digest=DigestType(d["digest"]),
+                password_digest=d["password_digest"],
+                ensembles={int(s["first_entry_id"]): list(s["bookies"]) for s in d["ensembles"]},
+                state=LedgerState(d["state"]),
+                last_entry_id=int(d["last_entry_id"]),
+                length=int(d["length"]),
+                custom_metadata={k: base64.b64decode(v) for k, v in d.get("custom_metadata", {}).items()},
+                ctime=int(d["ctime"]),
+                version=version,
+            )
+        except (KeyError, ValueError, TypeError) as e:
+            raise BKError(f"corrupt ledger metadata: {e}") from e

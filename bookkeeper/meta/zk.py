@@ -1,0 +1,209 @@
+"""ZooKeeper metadata store (kazoo): the one place that knows the znode layout.
+
+Layout under the root (default /ledgers), see docs/metadata.md:
+  INSTANCEID                      cluster instance id, written once
+  available/<bookie_id>           ephemeral: JSON registration (rack, shards)
+  available/readonly/<bookie_id>  ephemeral: same, for read-only bookies
+  cookies/<bookie_id>             JSON cookie: which directories this bookie id owns
+  idgen/ID-<seq>                  transient sequential nodes: ledger id allocation
+  <2 digits>/<4 digits>/L<4 digits>  ledger metadata, hierarchical by the 10-digit id
+
+Thread-safety: kazoo is thread-safe; the asyncio client calls these methods from
+an executor so a slow ZooKeeper never blocks the event loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+
+from bookkeeper.errors import BKError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.meta.ledger_metadata import LedgerMetadata
+
+log = logging.getLogger(__name__)
+
+
+def parse_metadata_uri(uri: str) -> tuple[str, str]:
+    """'zk://h1:p1,h2:p2/ledgers' -> ('h1:p1,h2:p2', '/ledgers')."""
+    if not uri.startswith("zk://"):
+        raise BKError(f"metadata URI must start with zk://, got {uri!r}")
+    rest = uri[len("zk://"):]
+    hosts, _, path = rest.partition("/")
+    if not hosts:
+        raise BKError(f"metadata URI names no ZooKeeper host: {uri!r}")
+    root = "/" + path.strip("/") if path.strip("/") else "/ledgers"
+    return hosts, root
+
+
+def ledger_path(root: str, ledger_id: int) -> str:
+    """Hierarchical path of a ledger's metadata (as Apache BookKeeper's HierarchicalLedgerManager)."""
+    if not 0 <= ledger_id < 10**10:
+        raise BKError(f"ledger id out of range: {ledger_id}")
+    s = f"{ledger_id:010d}"
+    return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+
+
+class ZkMetadataStore:
+    """Ledger metadata, bookie registrations, cookies and id allocation in ZooKeeper."""
+
+    def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 15.0) -> None:
+        self.uri = uri
+        self.hosts, self.root = parse_metadata_uri(uri)
+        self.zk = KazooClient(hosts=self.hosts, timeout=session_timeout_ms / 1000.0)
+        try:
+            self.zk.start(timeout=connect_timeout_s)
+        except Exception as e:  # kazoo raises its own timeout type
+            self.zk.close()
+            raise BKError(f"cannot connect to ZooKeeper at {self.hosts}: {e}") from e
+        self.ensure_layout()
+
+    def close(self) -> None:
+        try:
+            self.zk.stop()
+        finally:
+            self.zk.close()
+
+    # -- layout ------------------------------------------------------------
+    def ensure_layout(self) -> None:
+        for sub in ("available/readonly", "cookies", "idgen"):
+            self.zk.ensure_path(f"{self.root}/{sub}")
+        try:
+            self.zk.create(f"{self.root}/INSTANCEID", uuid.uuid4().hex.encode())
+        except NodeExistsError:
+            pass
+
+    def instance_id(self) -> str:
+        return self.zk.get(f"{self.root}/INSTANCEID")[0].decode()
+
+    # -- bookies -----------------------------------------------------------
+    def _bookie_node(self, bookie_id: str, readonly: bool) -> str:
+        return f"{self.root}/available/{'readonly/' if readonly else ''}{bookie_id}"
+
+    def register_bookie(self, bookie_id: str, info: dict[str, Any], *, readonly: bool = False,
+                        wait_stale_s: float = 0.0) -> None:
+        """Create this bookie's ephemeral registration.
+
+        A registration left by a previous incarnation (kill -9: its session has not
+        expired yet) is taken over: the caller already proved, by the cookie, that it
+        owns this bookie id and its disks.
+        """
+        path = self._bookie_node(bookie_id, readonly)
+        data = json.dumps(info, sort_keys=True).encode()
+        deadline = time.monotonic() + wait_stale_s
+        while True:
+            try:
+                self.zk.create(path, data, ephemeral=True)
+                return
+            except NodeExistsError:
+                stat = self.zk.exists(path)
+                if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
+                    self.zk.set(path, data)
+                    return
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                log.warning("taking over stale registration of %s (session %x)", bookie_id,
+                            stat.ephemeralOwner if stat else 0)
+                try:
+                    self.zk.delete(path)
+                except NoNodeError:
+                    pass
+
+    def unregister_bookie(self, bookie_id: str, *, readonly: bool = False) -> None:
+        try:
+            self.zk.delete(self._bookie_node(bookie_id, readonly))
+        except NoNodeError:
+            pass
+
+    def get_bookies(self, *, readonly: bool = False) -> dict[str, dict[str, Any]]:
+        """Registered bookies (writable, or read-only) -> registration info."""
+        base = f"{self.root}/available" + ("/readonly" if readonly else "")
+        out: dict[str, dict[str, Any]] = {}
+        for child in self.zk.get_children(base):
+            if child == "readonly":
+                continue
+            try:
+                data, _ = self.zk.get(f"{base}/{child}")
+            except NoNodeError:
+                continue
+            out[child] = json.loads(data)
+        return out
+
+    # -- cookies -----------------------------------------------------------
+    def get_cookie(self, bookie_id: str) -> tuple[dict[str, Any], int] | None:
+        try:
+            data, stat = self.zk.get(f"{self.root}/cookies/{bookie_id}")
+        except NoNodeError:
+            return None
+        return json.loads(data), stat.version
+
+    def create_cookie(self, bookie_id: str, cookie: dict[str, Any]) -> None:
+        self.zk.create(f"{self.root}/cookies/{bookie_id}", json.dumps(cookie, sort_keys=True).encode())
+
+    # -- ledger ids and metadata ---------------------------------------------
+    def allocate_ledger_id(self) -> int:
+        """A cluster-unique ledger id from a ZooKeeper sequential node."""
+        path = self.zk.create(f"{self.root}/idgen/ID-", b"", sequence=True)
+        self.zk.delete(path)
+        return int(path.rsplit("-", 1)[1])
+
+    def create_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
+        try:
+            self.zk.create(ledger_path(self.root, md.ledger_id), md.serialize(), makepath=True)
+        except NodeExistsError as e:
+            raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from e
+        return md.replace(version=0)
+
+    def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        try:
+            data, stat = self.zk.get(ledger_path(self.root, ledger_id))
+        except NoNodeError as e:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from e
+        return LedgerMetadata.deserialize(data, version=stat.version)
+
+    def write_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
+        """Compare-and-set on md.version; returns the snapshot at the new version."""
+        try:
+            stat = self.zk.set(ledger_path(self.root, md.ledger_id), md.serialize(), version=md.version)
+        except BadVersionError as e:
+            raise MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version {md.version}") from e
+        except NoNodeError as e:
+            raise NoSuchLedgerError(f"ledger {md.ledger_id} does not exist") from e
+        return md.replace(version=stat.version)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        path = ledger_path(self.root, ledger_id)
+        try:
+            self.zk.delete(path)
+        except NoNodeError as e:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from e
+        # Remove emptied parent levels; a concurrent create may refill them (NotEmpty: fine).
+        for parent in (path.rsplit("/", 1)[0], path.rsplit("/", 2)[0]):
+            try:
+                self.zk.delete(parent)
+            except (NotEmptyError, NoNodeError):
+                break
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return self.zk.exists(ledger_path(self.root, ledger_id)) is not None
+
+    def list_ledgers(self) -> Iterator[int]:
+        """Ledger ids in ascending order, walking the hierarchy level by level."""
+        def children(path: str) -> list[str]:
+            try:
+                return sorted(self.zk.get_children(path))
+            except NoNodeError:
+                return []
+        for a in children(self.root):
+            if not (len(a) == 2 and a.isdigit()):
+                continue
+            for b in children(f"{self.root}/{a}"):
+                for c in children(f"{self.root}/{a}/{b}"):
+                    if c.startswith("L") and c[1:].isdigit():
+                        yield int(a + b + c[1:])

@@ -1,0 +1,264 @@
+"""A local cluster of real processes: one ZooKeeper and N bookies (each a supervisor
+plus its shard processes), with kill / hang / restart helpers.
+
+Used by the tests, by `bk sandbox` and `make run`; usable by anyone who wants a
+throw-away cluster. Every process is started here and stopped here by its pid.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from bookkeeper.testing.zookeeper import ZooKeeperServer, free_port
+
+BOOKIE_START_TIMEOUT_S = 60.0
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct child pids of a process (Linux /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _free_port_block(count: int) -> int:
+    """A base port with `count` consecutive free loopback ports after it."""
+    for _ in range(200):
+        base = free_port()
+        if base + count >= 65535:
+            continue
+        ports = [base + i for i in range(count)]
+        import socket
+        ok = True
+        for p in ports:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no block of free loopback ports")
+
+
+class LocalBookie:
+    """One bookie process (`bk bookie --conf`) of a LocalCluster."""
+
+    def __init__(self, directory: Path, metadata_uri: str, *, index: int, shards: int,
+                 journal_sync: str, extra: dict[str, Any] | None = None) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.index = index
+        self.port = _free_port_block(shards)
+        self.conf = {
+            "metadata_uri": metadata_uri, "bind_address": "127.0.0.1", "advertised_address": "127.0.0.1",
+            "port": self.port, "shards": shards, "journal_dir": str(self.dir / "journal"),
+            "ledger_dirs": [str(self.dir / "ledgers")], "journal_sync": journal_sync,
+            "zk_session_timeout_ms": 4000, **(extra or {}),
+        }
+        self.conf_path = self.dir / "bookie.toml"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bookie_id(self) -> str:
+        return self.conf.get("bookie_id") or f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def shard_pids(self) -> list[int]:
+        return children_of(self.pid) if self.pid else []
+
+    def write_conf(self) -> None:
+        lines = []
+        for k, v in self.conf.items():
+            lines.append(f"{k} = {json.dumps(v)}")
+        self.conf_path.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        self.write_conf()
+        log = open(self.dir / "bookie.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", "-v", "bookie", "--conf",
+                                      str(self.conf_path)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     start_new_session=True)
+        log.close()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (graceful: journal drained, checkpoint), SIGKILL if it hangs."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            shards = self.shard_pids()
+            self.proc.send_signal(signal.SIGCONT)
+            for pid in shards:
+                _signal(pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def kill(self) -> None:
+        """kill -9 of the supervisor and every shard: a crash of the whole bookie."""
+        if self.proc is None:
+            return
+        for pid in self.shard_pids():
+            _signal(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    def kill_shard(self, shard_index: int) -> int:
+        """kill -9 of one shard process (the supervisor restarts it); returns the killed pid."""
+        pid = self.shard_pid(shard_index)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def shard_pid(self, shard_index: int) -> int:
+        for pid in self.shard_pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--index" in cmd and cmd[cmd.index(b"--index") + 1] == str(shard_index).encode():
+                return pid
+        raise RuntimeError(f"bookie {self.bookie_id} has no running shard {shard_index}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.dir / "bookie.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalCluster:
+    """ZooKeeper + N bookies on 127.0.0.1 under one directory."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, bookies: int = 3, shards: int = 2,
+                 journal_sync: str = "io_uring", zk_port: int | None = None,
+                 bookie_conf: dict[str, Any] | None = None) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.zk = ZooKeeperServer(self.dir / "zookeeper", port=zk_port)
+        self.shards = shards
+        self.journal_sync = journal_sync
+        self.bookie_conf = bookie_conf or {}
+        self.bookies: list[LocalBookie] = []
+        self._initial = bookies
+
+    @property
+    def metadata_uri(self) -> str:
+        return self.zk.metadata_uri("/ledgers")
+
+    def start(self) -> LocalCluster:
+        self.zk.start()
+        try:
+            for _ in range(self._initial):
+                self.add_bookie(wait=False)
+            self.wait_registered()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_bookie(self, *, wait: bool = True, **conf: Any) -> LocalBookie:
+        b = LocalBookie(self.dir / f"bookie-{len(self.bookies)}", self.metadata_uri, index=len(self.bookies),
+                        shards=self.shards, journal_sync=self.journal_sync, extra={**self.bookie_conf, **conf})
+        self.bookies.append(b)
+        b.start()
+        if wait:
+            self.wait_registered([b])
+        return b
+
+    def registrations(self) -> dict[str, dict[str, Any]]:
+        zk = KazooClient(hosts=self.zk.connect_string)
+        zk.start(timeout=10)
+        try:
+            base = "/ledgers/available"
+            if not zk.exists(base):
+                return {}
+            out = {}
+            for child in zk.get_children(base):
+                if child == "readonly":
+                    continue
+                try:
+                    out[child] = json.loads(zk.get(f"{base}/{child}")[0])
+                except Exception:
+                    continue
+            return out
+        finally:
+            zk.stop()
+            zk.close()
+
+    def wait_registered(self, bookies: list[LocalBookie] | None = None,
+                        timeout_s: float = BOOKIE_START_TIMEOUT_S) -> None:
+        """Until each bookie's current process holds its registration (a stale one does not count)."""
+        bookies = self.bookies if bookies is None else bookies
+        deadline = time.monotonic() + timeout_s
+        while True:
+            regs = self.registrations()
+            waiting = [b for b in bookies if b.pid is None or regs.get(b.bookie_id, {}).get("pid") != b.pid]
+            if not waiting:
+                return
+            for b in waiting:
+                if b.proc is not None and b.proc.poll() is not None:
+                    raise RuntimeError(f"bookie {b.bookie_id} exited with {b.proc.returncode}:\n{b.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bookies not registered within {timeout_s}s: "
+                                   f"{[(b.bookie_id, b.log_tail()) for b in waiting]}")
+            time.sleep(0.1)
+
+    def wait_shards_up(self, bookie: LocalBookie, timeout_s: float = 60.0) -> None:
+        """Until every shard port of the bookie accepts connections."""
+        import socket
+        deadline = time.monotonic() + timeout_s
+        for i in range(self.shards):
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", bookie.port + i), timeout=0.5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"shard {i} of {bookie.bookie_id} not up:\n{bookie.log_tail()}")
+                    time.sleep(0.05)
+
+    def restart_bookie(self, bookie: LocalBookie) -> None:
+        if bookie.pid:
+            bookie.stop()
+        bookie.start()
+        self.wait_registered([bookie])
+
+    def stop(self) -> None:
+        for b in self.bookies:
+            try:
+                b.stop()
+            except Exception:
+                b.kill()
+        self.zk.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,167 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Journal record batching and block encoding, the storage hot path (docs/journal.md).
+
+Why Cython: every acknowledged entry is appended here once; a group-commit batch
+gathers records into one contiguous buffer so the journal issues one write and
+one fdatasync per batch.
+
+Why one checksum per block, not per record: a block is written by one write and
+made durable by one fdatasync, and no entry of a block is acknowledged before
+that fdatasync returns. A torn block therefore only ever holds unacknowledged
+entries, and discarding it whole is exactly right. Replay stops at the first
+block whose magic, bounds or CRC32C do not hold.
+
+Block (big-endian), padded with zeros to a multiple of BLOCK_ALIGN:
+  u32 magic 'BKJB' | u32 payload_len | u32 crc32c | u32 record_count | u64 seq | payload
+  crc32c covers bytes [4:8] and [12:24] of the header, then the payload.
+Record inside a payload:
+  u32 record_len (bytes after this field) | u8 type | u64 ledger_id | i64 entry_id | data
+"""
+
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
+from libc.string cimport memcpy, memset
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize, PyByteArray_GET_SIZE
+
+import crc32c as _crc32c
+
+cdef enum:
+    BLOCK_HEADER = 24
+    RECORD_HEADER = 21
+    ALIGN = 4096
+
+BLOCK_MAGIC = 0x424B4A42
+BLOCK_ALIGN = ALIGN
+BLOCK_HEADER_BYTES = BLOCK_HEADER
+
+REC_ADD = 1
+REC_MASTER_KEY = 2
+REC_FENCE = 3
+
+
+cdef inline uint64_t _get_u64(const uint8_t* p) noexcept nogil:
+    return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40)
+            | (<uint64_t>p[3] << 32) | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16)
+            | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
+
+
+cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
+    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
+            | <uint32_t>p[3])
+
+
+cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[7 - i] = <uint8_t>(v & 0xff)
+        v >>= 8
+
+
+cdef inline void _put_u32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = <uint8_t>(v >> 24)
+    p[1] = <uint8_t>(v >> 16)
+    p[2] = <uint8_t>(v >> 8)
+    p[3] = <uint8_t>v
+
+
+cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t plen):
+    cdef bytes fields = PyBytes_FromStringAndSize(<const char*>(hdr + 4), 4) + \
+        PyBytes_FromStringAndSize(<const char*>(hdr + 12), 12)
+    cdef uint32_t crc = _crc32c.crc32c(fields)
+    return _crc32c.crc32c(PyBytes_FromStringAndSize(<const char*>payload, plen), crc)
+
+
+cdef class JournalBatch:
+    """Records of one group commit, appended into one buffer (per shard, loop thread only)."""
+
+    cdef bytearray _buf
+    cdef public Py_ssize_t count
+
+    def __cinit__(self):
+        self._buf = bytearray(BLOCK_HEADER)
+        self.count = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of records so far (without block header and padding)."""
+        return PyByteArray_GET_SIZE(self._buf) - BLOCK_HEADER
+
+    def add(self, int rtype, uint64_t ledger_id, int64_t entry_id, const uint8_t[::1] data):
+        """Append one record. data is copied; the caller may reuse its buffer."""
+        cdef Py_ssize_t dlen = data.shape[0]
+        cdef Py_ssize_t old = PyByteArray_GET_SIZE(self._buf)
+        PyByteArray_Resize(self._buf, old + RECORD_HEADER + dlen)
+        cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf) + old
+        _put_u32(o, <uint32_t>(RECORD_HEADER - 4 + dlen))
+        o[4] = <uint8_t>rtype
+        _put_u64(o + 5, ledger_id)
+        _put_u64(o + 13, <uint64_t>entry_id)
+        if dlen:
+            memcpy(o + RECORD_HEADER, &data[0], dlen)
+        self.count += 1
+
+    def seal(self, uint64_t seq) -> bytearray:
+        """The batch as one aligned block, ready to write; the batch must not be reused."""
+        cdef Py_ssize_t plen = PyByteArray_GET_SIZE(self._buf) - BLOCK_HEADER
+        cdef Py_ssize_t total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
+        PyByteArray_Resize(self._buf, total)
+        cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf)
+        memset(o + BLOCK_HEADER + plen, 0, total - BLOCK_HEADER - plen)
+        _put_u32(o, BLOCK_MAGIC)
+        _put_u32(o + 4, <uint32_t>plen)
+        _put_u32(o + 12, <uint32_t>self.count)
+        _put_u64(o + 16, seq)
+        _put_u32(o + 8, _block_crc(o, o + BLOCK_HEADER, plen))
+        return self._buf
+
+
+def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
+    """Decode the valid blocks of a journal file image from offset.
+
+    Returns (records, end_offset, torn, last_seq). records are tuples
+    (type, ledger_id, entry_id, data). end_offset is where the next block would
+    start; torn is True when bytes past end_offset are not all zero (a block that
+    failed its magic, bounds or checksum: never served, and overwritten by the
+    next writer). last_seq is the seq of the last valid block, or -1.
+    """
+    cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t pos = offset
+    cdef const uint8_t* p
+    cdef uint32_t plen, count, rlen
+    cdef Py_ssize_t rpos, rend, total
+    cdef list records = []
+    cdef int64_t last_seq = -1
+    cdef bint torn = False
+    cdef Py_ssize_t i
+    while pos + BLOCK_HEADER <= n:
+        p = &buf[pos]
+        if _get_u32(p) != BLOCK_MAGIC:
+            break
+        plen = _get_u32(p + 4)
+        count = _get_u32(p + 12)
+        if pos + BLOCK_HEADER + <Py_ssize_t>plen > n:
+            break
+        if _get_u32(p + 8) != _block_crc(p, p + BLOCK_HEADER, plen):
+            break
+        rpos = pos + BLOCK_HEADER
+        rend = rpos + plen
+        block = []
+        while rpos + RECORD_HEADER <= rend:
+            rlen = _get_u32(&buf[rpos])
+            if rpos + 4 + <Py_ssize_t>rlen > rend or rlen < RECORD_HEADER - 4:
+                break
+            block.append((buf[rpos + 4], _get_u64(&buf[rpos + 5]), <int64_t>_get_u64(&buf[rpos + 13]),
+                          PyBytes_FromStringAndSize(<const char*>&buf[rpos + RECORD_HEADER],
+                                                    rlen - (RECORD_HEADER - 4))))
+            rpos += 4 + rlen
+        if len(block) != count or rpos != rend:
+            break
+        records.extend(block)
+        last_seq = <int64_t>_get_u64(p + 16)
+        total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
+        pos += total
+    for i in range(pos, n):
+        if buf[i] != 0:
+            torn = True
+            break
+    return records, pos, torn, last_seq

@@ -1,0 +1,228 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Frame codec of the bookie wire protocol (docs/protocol.md), the network hot path.
+
+Why Cython: every byte a bookie receives passes through here. A receive buffer
+holding many frames is parsed in one call, and all responses of a batch are
+encoded into one buffer, so Python runs per batch, not per byte or per field.
+
+Layout (all integers big-endian):
+  request  = u32 length | u8 version | u8 op | u16 flags | u64 request_id
+             | u64 ledger_id | i64 entry_id | 20 B master_key | u32 aux | payload
+  response = u32 length | u8 version | u8 op | u16 status | u64 request_id
+             | u64 ledger_id | i64 entry_id | i64 lac | payload
+`length` counts the bytes after itself. An entry payload (the digest-framed
+entry built by the client) starts with u64 ledger | i64 entry | i64 lac | u64 length.
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+from libc.string cimport memcpy
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+
+cdef enum:
+    REQ_HEADER = 56
+    RESP_HEADER = 40
+    KEY_LEN = 20
+
+PROTOCOL_VERSION = 1
+REQUEST_HEADER_BYTES = REQ_HEADER
+RESPONSE_HEADER_BYTES = RESP_HEADER
+MASTER_KEY_BYTES = KEY_LEN
+ENTRY_HEADER_BYTES = 32
+
+
+class FrameError(ValueError):
+    """A frame that can never be parsed: the connection that sent it must be closed."""
+
+
+cdef inline uint64_t _get_u64(const uint8_t* p) noexcept nogil:
+    return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40)
+            | (<uint64_t>p[3] << 32) | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16)
+            | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
+
+
+cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
+    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
+            | <uint32_t>p[3])
+
+
+cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[7 - i] = <uint8_t>(v & 0xff)
+        v >>= 8
+
+
+cdef inline void _put_u32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = <uint8_t>(v >> 24)
+    p[1] = <uint8_t>(v >> 16)
+    p[2] = <uint8_t>(v >> 8)
+    p[3] = <uint8_t>v
+
+
+cdef inline void _put_u16(uint8_t* p, uint16_t v) noexcept nogil:
+    p[0] = <uint8_t>(v >> 8)
+    p[1] = <uint8_t>v
+
+
+cdef Py_ssize_t _frame_len(const uint8_t* p, Py_ssize_t avail, Py_ssize_t min_len,
+                           Py_ssize_t max_frame) except -2:
+    """Length of the whole frame at p, -1 if incomplete; raises FrameError if never valid."""
+    cdef uint32_t body
+    if avail < 4:
+        return -1
+    body = _get_u32(p)
+    if <Py_ssize_t>body + 4 > max_frame:
+        raise FrameError(f"frame of {body + 4} bytes exceeds the limit of {max_frame}")
+    if <Py_ssize_t>body + 4 < min_len:
+        raise FrameError(f"frame of {body + 4} bytes is shorter than its header ({min_len})")
+    if avail < 5:
+        return -1
+    if p[4] != 1:
+        raise FrameError(f"unsupported protocol version {p[4]}")
+    if avail < <Py_ssize_t>body + 4:
+        return -1
+    return <Py_ssize_t>body + 4
+
+
+def parse_requests(const uint8_t[::1] buf, Py_ssize_t max_frame):
+    """Parse every complete request frame in buf.
+
+    Returns (frames, consumed): frames is a list of tuples
+    (op, flags, request_id, ledger_id, entry_id, master_key, aux, payload, blob_lac),
+    where blob_lac is the LAC piggybacked in an entry payload (-1 if the payload is
+    too short to carry one). consumed is how many bytes of buf those frames took;
+    the caller keeps the rest for the next call. Raises FrameError on a frame that
+    can never be valid (over the limit, under the header size, unknown version).
+    """
+    cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t flen
+    cdef const uint8_t* p
+    cdef list out = []
+    cdef int64_t blob_lac
+    cdef Py_ssize_t plen
+    if n == 0:
+        return out, 0
+    while pos < n:
+        p = &buf[pos]
+        flen = _frame_len(p, n - pos, REQ_HEADER, max_frame)
+        if flen < 0:
+            break
+        plen = flen - REQ_HEADER
+        blob_lac = -1
+        if plen >= 32:
+            blob_lac = <int64_t>_get_u64(p + REQ_HEADER + 16)
+        out.append((
+            p[5],
+            (p[6] << 8) | p[7],
+            _get_u64(p + 8),
+            _get_u64(p + 16),
+            <int64_t>_get_u64(p + 24),
+            PyBytes_FromStringAndSize(<const char*>(p + 32), KEY_LEN),
+            _get_u32(p + 52),
+            PyBytes_FromStringAndSize(<const char*>(p + REQ_HEADER), plen),
+            blob_lac,
+        ))
+        pos += flen
+    return out, pos
+
+
+def parse_responses(const uint8_t[::1] buf, Py_ssize_t max_frame):
+    """Parse every complete response frame in buf.
+
+    Returns (frames, consumed) with tuples
+    (op, status, request_id, ledger_id, entry_id, lac, payload).
+    """
+    cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t flen
+    cdef const uint8_t* p
+    cdef list out = []
+    if n == 0:
+        return out, 0
+    while pos < n:
+        p = &buf[pos]
+        flen = _frame_len(p, n - pos, RESP_HEADER, max_frame)
+        if flen < 0:
+            break
+        out.append((
+            p[5],
+            (p[6] << 8) | p[7],
+            _get_u64(p + 8),
+            _get_u64(p + 16),
+            <int64_t>_get_u64(p + 24),
+            <int64_t>_get_u64(p + 32),
+            PyBytes_FromStringAndSize(<const char*>(p + RESP_HEADER), flen - RESP_HEADER),
+        ))
+        pos += flen
+    return out, pos
+
+
+def encode_request(int op, int flags, uint64_t request_id, uint64_t ledger_id,
+                   int64_t entry_id, bytes master_key, uint32_t aux, payload) -> bytes:
+    """One request frame. master_key must be 20 bytes (zeros where unused)."""
+    cdef const uint8_t[::1] pv = payload
+    cdef Py_ssize_t plen = pv.shape[0]
+    if len(master_key) != KEY_LEN:
+        raise ValueError("master_key must be 20 bytes")
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, REQ_HEADER + plen)
+    cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
+    _put_u32(o, <uint32_t>(REQ_HEADER - 4 + plen))
+    o[4] = 1
+    o[5] = <uint8_t>op
+    _put_u16(o + 6, <uint16_t>flags)
+    _put_u64(o + 8, request_id)
+    _put_u64(o + 16, ledger_id)
+    _put_u64(o + 24, <uint64_t>entry_id)
+    memcpy(o + 32, PyBytes_AS_STRING(master_key), KEY_LEN)
+    _put_u32(o + 52, aux)
+    if plen:
+        memcpy(o + REQ_HEADER, &pv[0], plen)
+    return out
+
+
+cdef inline void _write_response(uint8_t* o, int op, int status, uint64_t request_id,
+                                 uint64_t ledger_id, int64_t entry_id, int64_t lac,
+                                 const uint8_t* payload, Py_ssize_t plen) noexcept:
+    _put_u32(o, <uint32_t>(RESP_HEADER - 4 + plen))
+    o[4] = 1
+    o[5] = <uint8_t>op
+    _put_u16(o + 6, <uint16_t>status)
+    _put_u64(o + 8, request_id)
+    _put_u64(o + 16, ledger_id)
+    _put_u64(o + 24, <uint64_t>entry_id)
+    _put_u64(o + 32, <uint64_t>lac)
+    if plen:
+        memcpy(o + RESP_HEADER, payload, plen)
+
+
+def encode_responses(list responses) -> bytes:
+    """All responses of a batch, for one connection, in one buffer (one write).
+
+    Each item is (op, status, request_id, ledger_id, entry_id, lac, payload: bytes).
+    """
+    cdef Py_ssize_t total = 0
+    cdef tuple r
+    cdef bytes payload
+    for r in responses:
+        total += RESP_HEADER + len(<bytes>r[6])
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t plen
+    for r in responses:
+        payload = <bytes>r[6]
+        plen = len(payload)
+        _write_response(o + pos, r[0], r[1], r[2], r[3], r[4], r[5],
+                        <const uint8_t*>PyBytes_AS_STRING(payload), plen)
+        pos += RESP_HEADER + plen
+    return out
+
+
+def entry_header(const uint8_t[::1] payload):
+    """(ledger_id, entry_id, lac, length) from a digest-framed entry payload."""
+    if payload.shape[0] < 32:
+        raise FrameError("entry payload shorter than its 32-byte header")
+    cdef const uint8_t* p = &payload[0]
+    return (_get_u64(p), <int64_t>_get_u64(p + 8), <int64_t>_get_u64(p + 16),
+            _get_u64(p + 24))
