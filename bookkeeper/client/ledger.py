@@ -91,8 +91,9 @@ class ReadHandle:
         """Entries first..last inclusive. Past the LAC of an open ledger: NoSuchEntryError."""
         if first < 0 or last < first:
             raise BKError(f"invalid range {first}..{last}")
-        if last > self._lac:
-            raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({self._lac}) of ledger "
+        lac = self.last_add_confirmed
+        if last > lac:
+            raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({lac}) of ledger "
                                    f"{self.ledger_id}")
         out: list[LedgerEntry] = []
         for start in range(first, last + 1, READ_WINDOW):

@@ -1,0 +1,138 @@
+"""The blocking twin of the asyncio client: same names, no await.
+
+Why a loop thread: the asyncio client is the one implementation; this module runs
+it on a private uvloop event loop in a daemon thread and blocks the caller on each
+call. `add_entry_async` returns a concurrent.futures.Future; calls from one thread
+reach the loop in call order (call_soon_threadsafe is FIFO), so entry ids follow
+the caller's order.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import uvloop
+
+from bookkeeper.client import BookKeeper as AsyncBookKeeper
+from bookkeeper.client import LedgerEntry, ReadHandle as AsyncReadHandle
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
+
+T = TypeVar("T")
+
+__all__ = ["BookKeeper", "DigestType", "LedgerEntry", "ReadHandle", "WriteHandle"]
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="bookkeeper-sync", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class ReadHandle:
+    """Blocking view of a read handle."""
+
+    def __init__(self, lt: _LoopThread, handle: AsyncReadHandle) -> None:
+        self._lt = lt
+        self._h = handle
+
+    ledger_id = property(lambda self: self._h.ledger_id)
+    last_add_confirmed = property(lambda self: self._h.last_add_confirmed)
+    length = property(lambda self: self._h.length)
+    metadata: LedgerMetadata = property(lambda self: self._h.metadata)  # type: ignore[assignment]
+
+    def read(self, first: int, last: int) -> list[LedgerEntry]:
+        return self._lt.call(self._h.read(first, last))
+
+    def read_last_add_confirmed(self) -> int:
+        return self._lt.call(self._h.read_last_add_confirmed())
+
+    def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
+        agen = self._h.tail(start)
+        while True:
+            try:
+                yield self._lt.call(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        self._lt.call(self._h.close())
+
+
+class WriteHandle(ReadHandle):
+    """Blocking view of a write handle."""
+
+    def add_entry(self, data: bytes) -> int:
+        return self.add_entry_async(data).result()
+
+    def add_entry_async(self, data: bytes) -> concurrent.futures.Future[int]:
+        out: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                fut = self._h.add_entry_async(data)  # type: ignore[attr-defined]
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's future
+                out.set_exception(e)
+                return
+            fut.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
+                                  else out.set_result(f.result()))
+        self._lt.loop.call_soon_threadsafe(start)
+        return out
+
+
+class BookKeeper:
+    """Blocking client: `bookkeeper.sync.BookKeeper.connect(uri)`."""
+
+    def __init__(self, lt: _LoopThread, bk: AsyncBookKeeper) -> None:
+        self._lt = lt
+        self._bk = bk
+
+    @classmethod
+    def connect(cls, metadata_uri: str, **kwargs: Any) -> BookKeeper:
+        lt = _LoopThread()
+        try:
+            bk = lt.call(AsyncBookKeeper.connect(metadata_uri, **kwargs))
+        except BaseException:
+            lt.stop()
+            raise
+        return cls(lt, bk)
+
+    def __enter__(self) -> BookKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._lt.call(self._bk.close())
+        finally:
+            self._lt.stop()
+
+    def create_ledger(self, **kwargs: Any) -> WriteHandle:
+        return WriteHandle(self._lt, self._lt.call(self._bk.create_ledger(**kwargs)))
+
+    def open_ledger(self, ledger_id: int, **kwargs: Any) -> ReadHandle:
+        return ReadHandle(self._lt, self._lt.call(self._bk.open_ledger(ledger_id, **kwargs)))
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._lt.call(self._bk.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> Iterator[int]:
+        async def collect() -> list[int]:
+            return [lid async for lid in self._bk.list_ledgers()]
+        return iter(self._lt.call(collect()))
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._lt.call(self._bk.ledger_metadata(ledger_id))
