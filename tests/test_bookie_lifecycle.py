@@ -1,0 +1,154 @@
+"""Bookie lifecycle: cookies, registration, restart, admin HTTP.
+
+Reference: API.md section 4 (a bookie killed and restarted is back within the ZooKeeper
+session timeout plus 10 s; wiped or swapped directories refuse to start, naming the
+cookie mismatch); Apache BookKeeper Cookie.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from bookkeeper.config import BookieConfig
+from bookkeeper.errors import ConfigError
+from bookkeeper.testing.cluster import LocalCluster
+
+
+def _run_bookie_once(conf_path, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "bookie", "--conf", str(conf_path)],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_bookie_with_wiped_ledger_dir_refuses_to_start(make_cluster) -> None:
+    """Wiping a bookie's directories makes it refuse its old id with a cookie mismatch message."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=1)
+    b = cluster.bookies[0]
+    b.stop()
+    shutil.rmtree(b.dir / "ledgers")
+    proc = _run_bookie_once(b.conf_path)
+    assert proc.returncode != 0
+    assert "cookie mismatch" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert b.bookie_id not in cluster.registrations()
+
+
+def test_bookie_with_swapped_journal_dir_refuses_to_start(make_cluster) -> None:
+    """A journal directory from another bookie carries the other cookie: refused."""
+    cluster: LocalCluster = make_cluster(bookies=2, shards=1)
+    a, b = cluster.bookies
+    a.stop()
+    b.stop()
+    shutil.rmtree(a.dir / "journal")
+    shutil.copytree(b.dir / "journal", a.dir / "journal")
+    proc = _run_bookie_once(a.conf_path)
+    assert proc.returncode != 0 and "cookie mismatch" in proc.stderr
+
+
+def test_changed_shard_count_refuses_to_start(make_cluster) -> None:
+    """Ledger ownership hashes over the shard count: changing it under the same data is refused."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    b.stop()
+    b.conf["shards"] = 1
+    b.write_conf()
+    proc = _run_bookie_once(b.conf_path)
+    assert proc.returncode != 0 and "cookie mismatch" in proc.stderr and "shards" in proc.stderr
+
+
+def test_restart_after_kill9_is_back_within_session_timeout_plus_10s(make_cluster) -> None:
+    """The stale ephemeral registration of a killed bookie is taken over, not waited for as an error."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    b.kill()
+    assert b.bookie_id in cluster.registrations()  # still there: the session has not expired
+    t0 = time.monotonic()
+    b.start()
+    cluster.wait_registered([b], timeout_s=4 + 10)
+    print(f"back in service after {time.monotonic() - t0:.2f}s")
+    assert cluster.registrations()[b.bookie_id]["pid"] == b.pid
+
+
+def test_supervisor_restarts_a_dead_shard_and_keeps_registration(make_cluster) -> None:
+    """A shard killed with SIGKILL is restarted on its port; the bookie stays registered."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    old = b.shard_pid(1)
+    b.kill_shard(1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if b.shard_pid(1) != old:
+                break
+        except RuntimeError:
+            pass
+        time.sleep(0.1)
+    cluster.wait_shards_up(b)
+    assert b.shard_pid(1) != old
+    assert b.bookie_id in cluster.registrations()
+
+
+def test_admin_http_heartbeat_and_metrics(make_cluster, tmp_path) -> None:
+    """http_port serves /heartbeat and Prometheus /metrics on 127.0.0.1."""
+    from bookkeeper.testing.zookeeper import free_port
+
+    port = free_port()
+    cluster: LocalCluster = make_cluster(bookies=1, shards=1, bookie_conf={"http_port": port})
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/heartbeat", timeout=5) as r:
+        assert r.status == 200 and r.read() == b"OK\n"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert b"bookie_shards_up 1.0" in r.read()
+
+
+def test_registration_lists_every_shard_address(make_cluster) -> None:
+    """The ephemeral registration carries all shard addresses (the client routes by it)."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    reg = cluster.registrations()[b.bookie_id]
+    assert reg["shards"] == [{"host": "127.0.0.1", "port": b.port}, {"host": "127.0.0.1", "port": b.port + 1}]
+    assert json.loads(json.dumps(reg))["rack"] == "/default-rack"
+
+
+def test_config_rejects_bad_values_clearly(tmp_path) -> None:
+    """Bad config fails with the key named, before anything starts."""
+    conf = tmp_path / "b.toml"
+    conf.write_text('metadata_uri = "zk://127.0.0.1:1/ledgers"\njournal_sync = "magic"\n')
+    proc = _run_bookie_once(conf, timeout_s=30)
+    assert proc.returncode != 0 and "journal_sync" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(ConfigError, match="journal_sync"):
+        BookieConfig.load(conf)
+
+
+def test_deleted_ledger_is_garbage_collected_on_bookies(make_cluster) -> None:
+    """After delete_ledger, bookies drop the ledger's entries once its metadata is gone (GC)."""
+    import asyncio
+
+    from bookkeeper import BookKeeper, errors
+    from bookkeeper.proto import Op
+    from tests.conftest import run
+
+    cluster: LocalCluster = make_cluster(bookies=1, shards=1, bookie_conf={"gc_interval_s": 0.5})
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+            lh = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"g")
+            for i in range(20):
+                await lh.add_entry(b"%d" % i)
+            await lh.close()
+            bookie = cluster.bookies[0].bookie_id
+            key = bk.master_key(b"g")
+            await bk.pool.call(bookie, Op.READ_ENTRY, 0, lh.ledger_id, 5, key)
+            await bk.delete_ledger(lh.ledger_id)
+            for _ in range(100):
+                try:
+                    await bk.pool.call(bookie, Op.READ_ENTRY, 0, lh.ledger_id, 5, key)
+                except errors.NoSuchLedgerError:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError("the deleted ledger is still served after 10 s")
+    run(main())
