@@ -152,3 +152,17 @@ def test_deleted_ledger_is_garbage_collected_on_bookies(make_cluster) -> None:
                 await asyncio.sleep(0.1)
             raise AssertionError("the deleted ledger is still served after 10 s")
     run(main())
+
+
+def test_bookie_stops_gracefully_when_zookeeper_is_gone(make_cluster) -> None:
+    """SIGTERM stops a bookie (shards drained and checkpointed) even after ZooKeeper died."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    cluster.zk.stop()
+    proc = b.proc
+    assert proc is not None
+    proc.terminate()
+    rc = proc.wait(timeout=25)
+    assert rc == 0
+    assert b.shard_pids() == []
+    assert (b.dir / "bookie.log").read_text().count("stopped") >= 2

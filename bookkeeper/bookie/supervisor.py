@@ -177,7 +177,10 @@ class Supervisor:
                 proc.wait()
         if self.store is not None:
             try:
-                self.store.unregister_bookie(self.cfg.id, readonly=self.cfg.readonly)
+                if self.store.connected:
+                    self.store.unregister_bookie(self.cfg.id, readonly=self.cfg.readonly)
+            except Exception as e:  # ZooKeeper gone: the ephemeral node dies with the session anyway
+                log.warning("could not unregister from ZooKeeper: %s", e)
             finally:
                 self.store.close()
 

@@ -215,6 +215,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan bookies
         err.print("stopping sandbox ...")
         cluster.stop()
     return 0

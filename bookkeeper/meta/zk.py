@@ -69,6 +69,10 @@ class ZkMetadataStore:
         finally:
             self.zk.close()
 
+    @property
+    def connected(self) -> bool:
+        return bool(self.zk.connected)
+
     # -- layout ------------------------------------------------------------
     def ensure_layout(self) -> None:
         for sub in ("available/readonly", "cookies", "idgen"):
@@ -115,9 +119,10 @@ class ZkMetadataStore:
                 except NoNodeError:
                     pass
 
-    def unregister_bookie(self, bookie_id: str, *, readonly: bool = False) -> None:
+    def unregister_bookie(self, bookie_id: str, *, readonly: bool = False, timeout_s: float = 5.0) -> None:
+        """Remove the registration; bounded, since it runs on the way down."""
         try:
-            self.zk.delete(self._bookie_node(bookie_id, readonly))
+            self.zk.delete_async(self._bookie_node(bookie_id, readonly)).get(timeout=timeout_s)
         except NoNodeError:
             pass
 

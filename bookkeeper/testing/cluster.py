@@ -250,12 +250,18 @@ class LocalCluster:
         self.wait_registered([bookie])
 
     def stop(self) -> None:
-        for b in self.bookies:
-            try:
-                b.stop()
-            except Exception:
+        """Stop every bookie (kill -9 if a graceful stop fails or is interrupted), then ZooKeeper."""
+        try:
+            for b in self.bookies:
+                try:
+                    b.stop()
+                except BaseException:
+                    b.kill()
+                    raise
+        finally:
+            for b in self.bookies:
                 b.kill()
-        self.zk.stop()
+            self.zk.stop()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
