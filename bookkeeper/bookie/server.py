@@ -61,6 +61,7 @@ class BookieProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.shard.connections.discard(self)
+        self.shard.paused.discard(self)
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
@@ -76,6 +77,7 @@ class BookieProtocol(asyncio.Protocol):
         for frame in frames:
             self.shard.dispatch(self, frame)
         self.flush()
+        self.shard.apply_backpressure(self)
 
     @property
     def peer(self) -> Any:
@@ -112,9 +114,28 @@ class ShardServer:
         self.readonly = readonly
         self.data_dir = data_dir
         self.connections: set[BookieProtocol] = set()
+        self.paused: set[BookieProtocol] = set()
+        # Journal bytes queued behind the sync in flight before senders are paused.
+        self.journal_queue_bytes_max = 4 * max_frame_bytes
         self.counters: dict[str, int] = defaultdict(int)
         # (ledger, entry) -> [(conn, request_id, timer)] waiting for that entry (long poll)
         self._waiters: dict[tuple[int, int], list[tuple[BookieProtocol, int, asyncio.TimerHandle]]] = {}
+
+    # -- backpressure ------------------------------------------------------------
+    def apply_backpressure(self, conn: BookieProtocol) -> None:
+        """Stop reading from a sender while the journal queue is over its bound."""
+        journal = self.journal
+        if journal is not None and journal.queued_bytes > self.journal_queue_bytes_max and conn.transport:
+            conn.transport.pause_reading()
+            self.paused.add(conn)
+
+    def _release_backpressure(self) -> None:
+        journal = self.journal
+        if self.paused and journal is not None and journal.queued_bytes <= self.journal_queue_bytes_max // 2:
+            for conn in self.paused:
+                if not conn.closed and conn.transport is not None:
+                    conn.transport.resume_reading()
+            self.paused.clear()
 
     # -- journal callbacks -----------------------------------------------------
     def on_durable(self, items: list[Any]) -> None:
@@ -128,6 +149,7 @@ class ShardServer:
                 self._wake(resp[3], resp[4])
         for conn, responses in per_conn.items():
             conn.send_now(responses)
+        self._release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}

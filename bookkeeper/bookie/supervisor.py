@@ -123,9 +123,9 @@ class Supervisor:
                 self.procs[i] = self._spawn(i)
             for i in range(cfg.shards):
                 self._wait_ready(i)
+            http = self._start_http() if cfg.http_port else None  # up before clients can find us
             self.store.register_bookie(cfg.id, self.registration(), readonly=cfg.readonly)
             self.store.zk.add_listener(self._on_zk_state)
-            http = self._start_http() if cfg.http_port else None
             log.info("bookie %s up: %d shard(s) on ports %s", cfg.id, cfg.shards,
                      [cfg.port_of_shard(i) for i in range(cfg.shards)])
             print(f"BOOKIE READY {cfg.id}", flush=True)

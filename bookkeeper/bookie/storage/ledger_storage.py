@@ -33,7 +33,7 @@ LOG_MAGIC = b"BKELOG01"
 _REC = struct.Struct(">IQq")
 _IDX_KEY = struct.Struct(">QQ")  # entry ids stored are >= 0
 _IDX_VAL = struct.Struct(">IQI")
-_LEDGER_VAL = struct.Struct(">20sBq")  # master key, fenced, lac
+_LEDGER_VAL = struct.Struct(">20sBqq")  # master key, fenced, lac, last stored entry id
 _MARK = struct.Struct(">QQ")
 LOG_MAX_BYTES = 1 << 30
 
@@ -45,6 +45,7 @@ class LedgerState:
     master_key: bytes
     fenced: bool = False
     lac: int = -1
+    last_entry: int = -1
 
 
 class LedgerStorage:
@@ -66,8 +67,8 @@ class LedgerStorage:
         self._readers: dict[int, int] = {}
         with self.env.begin(db=self.db_ledgers) as txn:
             for k, v in txn.cursor():
-                key, fenced, lac = _LEDGER_VAL.unpack(v)
-                self.ledgers[struct.unpack(">Q", k)[0]] = LedgerState(key, bool(fenced), lac)
+                key, fenced, lac, last = _LEDGER_VAL.unpack(v)
+                self.ledgers[struct.unpack(">Q", k)[0]] = LedgerState(key, bool(fenced), lac, last)
         self._log_id = max((int(p.stem) for p in self.dir.glob("*.log")), default=0)
         self._log_fd = -1
         self._log_pos = 0
@@ -112,8 +113,9 @@ class LedgerStorage:
         self.write_cache[key] = data
         self.write_cache_bytes += len(data)
         st = self.ledgers.get(ledger_id)
-        if st is not None and lac > st.lac:
-            st.lac = lac
+        if st is not None:
+            st.lac = max(st.lac, lac)
+            st.last_entry = max(st.last_entry, entry_id)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         key = (ledger_id, entry_id)
@@ -131,16 +133,8 @@ class LedgerStorage:
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id this shard stores for the ledger, or -1."""
-        best = max((e for (lid, e) in self.write_cache if lid == ledger_id), default=-1)
-        best = max(best, max((e for (lid, e) in self._flushing if lid == ledger_id), default=-1))
-        with self.env.begin(db=self.db_index) as txn:
-            cur = txn.cursor()
-            found = cur.prev() if cur.set_range(_IDX_KEY.pack(ledger_id + 1, 0)) else cur.last()
-            if found:
-                lid, eid = _IDX_KEY.unpack(cur.key())
-                if lid == ledger_id:
-                    best = max(best, eid)
-        return best
+        st = self.ledgers.get(ledger_id)
+        return st.last_entry if st is not None else -1
 
     # -- checkpoint ------------------------------------------------------------
     def snapshot(self) -> tuple[dict[tuple[int, int], bytes], dict[int, LedgerState]]:
@@ -149,7 +143,8 @@ class LedgerStorage:
         self._flushing = snap
         self.write_cache = {}
         self.write_cache_bytes = 0
-        states = {lid: LedgerState(st.master_key, st.fenced, st.lac) for lid, st in self.ledgers.items()}
+        states = {lid: LedgerState(st.master_key, st.fenced, st.lac, st.last_entry)
+                  for lid, st in self.ledgers.items()}
         return snap, states
 
     def flush(self, snap: dict[tuple[int, int], bytes], states: dict[int, LedgerState],
@@ -179,7 +174,7 @@ class LedgerStorage:
                 for k, v in index:
                     txn.put(k, v, db=self.db_index)
                 for lid, st in states.items():
-                    txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac),
+                    txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac, st.last_entry),
                             db=self.db_ledgers)
                 txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
 
