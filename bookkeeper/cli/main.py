@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -189,6 +190,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from bookkeeper.testing.cluster import LocalCluster
 
     directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bk-sandbox-"))
+    marker = directory / ".bk-sandbox"
+    if directory.exists() and any(directory.iterdir()):
+        if not marker.exists():
+            raise UsageError(f"{directory} is not empty and is not a sandbox directory: refusing to overwrite it")
+        shutil.rmtree(directory)  # a sandbox starts fresh: new ports, new bookie ids
+    directory.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     cluster = LocalCluster(directory, bookies=args.bookies, shards=args.shards, zk_port=args.zk_port,
                            journal_sync=args.journal_sync)
     stop = False
