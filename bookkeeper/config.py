@@ -96,6 +96,8 @@ class BookieConfig:
             raise ConfigError(f"journal_sync must be 'io_uring' or 'thread', got {self.journal_sync!r}")
         if not self.ledger_dirs:
             raise ConfigError("ledger_dirs must list at least one directory")
+        if not 0 <= self.http_port < 65536:
+            raise ConfigError(f"http_port must be in 0..65535 (0: off), got {self.http_port}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.journal_max_batch_bytes < 4096:
@@ -138,8 +140,11 @@ class BookieConfig:
             name = ALIASES.get(key, key)
             if name not in names:
                 raise ConfigError(f"unknown config key {key!r}")
-            if key in _ALIAS_SCALE:
-                value = type(value)(value * _ALIAS_SCALE[key]) if not isinstance(value, str) else value
+            if key == "journalDirectories" and isinstance(value, list) and len(value) == 1:
+                value = value[0]  # Apache BookKeeper lists journal dirs; one journal per shard here
+            if key in _ALIAS_SCALE:  # Apache unit -> ours, then the field's type
+                scaled = _coerce(name, value, "float") * _ALIAS_SCALE[key]
+                value = round(scaled) if names[name].type == "int" else scaled
             values[name] = _coerce(name, value, names[name].type)
         if "metadata_uri" not in values:
             raise ConfigError("metadata_uri is required")
@@ -181,11 +186,13 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
                 return value.lower() in ("1", "true", "yes")
             return bool(value)
         if annotation == "int":
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError(value)
             return int(value)
         if annotation == "float":
             return float(value)
-        return str(value)
+        if not isinstance(value, str):
+            raise TypeError(value)
+        return value
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key {name!r}: invalid value {value!r} ({annotation})") from e

@@ -208,6 +208,16 @@ def test_group_wait_alias_as_quoted_string_is_still_milliseconds(tmp_path: Path)
     assert c.journal_max_group_wait_us == 2000
 
 
+def test_journal_directories_alias_list_is_not_stringified(tmp_path: Path) -> None:
+    """Apache's journalDirectories is a list: ["/j"] means the directory /j (or a ConfigError), never "['/j']"."""
+    try:
+        c = load(tmp_path, f'metadata_uri = "{URI}"\njournalDirectories = ["/bk/j"]\n')
+    except ConfigError as e:
+        assert "journal" in str(e)
+        return
+    assert c.journal_dir == "/bk/j"
+
+
 def test_gc_wait_time_alias_converts_milliseconds_to_seconds(tmp_path: Path) -> None:
     """gcWaitTime is in ms (Apache) while gc_interval_s is in seconds: 600000 -> 600 s, 1500 -> 1.5 s."""
     assert load(tmp_path, f'metadata_uri = "{URI}"\ngcWaitTime = 600000\n').gc_interval_s == 600.0
@@ -222,6 +232,10 @@ def test_gc_wait_time_alias_converts_milliseconds_to_seconds(tmp_path: Path) -> 
     ("port = 0", "port"),
     ("port = 70000", "port"),
     ("port = true", "port"),
+    ("port = 3181.5", "port"),
+    ("shards = 2.5", "shards"),
+    ("http_port = 70000", "http_port"),
+    ('journal_dir = ["/a", "/b"]', "journal_dir"),
     ("shards = 0", "shards"),
     ('journal_sync = "aio"', "journal_sync"),
     ("ledger_dirs = []", "ledger_dirs"),

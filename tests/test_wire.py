@@ -174,6 +174,19 @@ def test_response_byte_layout_is_big_endian_as_documented() -> None:
     assert buf[40:] == b"zz"
 
 
+@pytest.mark.parametrize("wrap", [bytearray, memoryview], ids=["bytearray", "memoryview"])
+def test_encode_responses_non_bytes_payload_is_encoded_faithfully_or_refused(wrap: type) -> None:
+    """A payload that is not bytes is either encoded with its own bytes or refused (TypeError), never garbage."""
+    data = b"hello world, this is the payload"
+    try:
+        buf = encode_responses([(Op.READ_ENTRY, Status.OK, 1, 2, 3, 4, wrap(data))])
+    except TypeError:
+        return
+    frames, consumed = parse_responses(buf, MAX)
+    assert consumed == len(buf)
+    assert frames[0][6] == data
+
+
 def test_encode_empty_response_batch_is_empty() -> None:
     """An empty batch encodes to no bytes, and an empty buffer parses to no frames with consumed 0."""
     assert encode_responses([]) == b""

@@ -71,7 +71,7 @@ class AddTracker:
     def fail(self, entry_id: int, bookie_index: int) -> bool:
         """A bookie refused or lost entry_id. True if the entry can no longer reach Qa."""
         p = self._pending.get(entry_id)
-        if p is None:
+        if p is None or bookie_index not in p.write_set:
             return False
         p.failed.add(bookie_index)
         return len(p.write_set) - len(p.failed) < self.qa

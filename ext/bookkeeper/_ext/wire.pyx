@@ -199,19 +199,30 @@ cdef inline void _write_response(uint8_t* o, int op, int status, uint64_t reques
 def encode_responses(list responses) -> bytes:
     """All responses of a batch, for one connection, in one buffer (one write).
 
-    Each item is (op, status, request_id, ledger_id, entry_id, lac, payload: bytes).
+    Each item is (op, status, request_id, ledger_id, entry_id, lac, payload), where
+    payload is bytes (other buffers are copied to bytes first; anything else is a TypeError).
     """
     cdef Py_ssize_t total = 0
     cdef tuple r
-    cdef bytes payload
+    cdef list payloads = []
+    cdef object p
     for r in responses:
-        total += RESP_HEADER + len(<bytes>r[6])
+        p = r[6]
+        if type(p) is not bytes:
+            if isinstance(p, str):
+                raise TypeError("response payload must be a bytes-like object, not str")
+            p = bytes(p)
+        payloads.append(p)
+        total += RESP_HEADER + len(<bytes>p)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
     cdef Py_ssize_t pos = 0
     cdef Py_ssize_t plen
-    for r in responses:
-        payload = <bytes>r[6]
+    cdef Py_ssize_t i
+    cdef bytes payload
+    for i in range(len(responses)):
+        r = <tuple>responses[i]
+        payload = <bytes>payloads[i]
         plen = len(payload)
         _write_response(o + pos, r[0], r[1], r[2], r[3], r[4], r[5],
                         <const uint8_t*>PyBytes_AS_STRING(payload), plen)

@@ -1,0 +1,745 @@
+"""The journal: block encoding (ext/bookkeeper/_ext/journal.pyx), flush policy, syncers and
+the group-commit Journal (bookkeeper/bookie/journal/).
+
+Block layout (journal.pyx docstring), big-endian, zero padded to a multiple of 4096:
+  u32 magic 'BKJB' | u32 payload_len | u32 crc32c | u32 record_count | u64 seq | payload
+  crc32c covers header bytes [4:8] and [12:24], then the payload.
+Record: u32 record_len | u8 type | u64 ledger_id | i64 entry_id | data.
+
+Journal tests run on a uvloop event loop (the shard's production loop), against real
+files in a tmp dir, with the io_uring syncer and the thread syncer built directly.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+import uvloop
+
+from bookkeeper._ext.journal import (
+    BLOCK_ALIGN,
+    BLOCK_HEADER_BYTES,
+    BLOCK_MAGIC,
+    REC_ADD,
+    REC_FENCE,
+    REC_MASTER_KEY,
+    JournalBatch,
+    scan_blocks,
+)
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.journal.journal import FILE_VERSION, JournalFailedError
+from bookkeeper.bookie.journal.policy import FlushReason, flush_reason
+from bookkeeper.bookie.journal.syncer import ThreadSyncer, UringSyncer
+
+U64_MAX = 2**64 - 1
+RECORD_HEADER = 21
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def make_block(records: list[tuple[int, int, int, bytes]], seq: int) -> bytes:
+    batch = JournalBatch()
+    for r in records:
+        batch.add(*r)
+    return bytes(batch.seal(seq))
+
+
+def py_block(records: list[tuple[int, int, int, bytes]], seq: int, count: int | None = None) -> bytes:
+    """Independent encoder of the documented block layout (lets tests craft inconsistent blocks)."""
+    payload = b"".join(struct.pack(">IBQq", RECORD_HEADER - 4 + len(d), t, lid, eid) + d
+                       for t, lid, eid, d in records)
+    n = len(records) if count is None else count
+    crc = crc32c.crc32c(payload, crc32c.crc32c(struct.pack(">I", len(payload)) + struct.pack(">IQ", n, seq)))
+    block = struct.pack(">IIIIQ", BLOCK_MAGIC, len(payload), crc, n, seq) + payload
+    return block + bytes(-len(block) % BLOCK_ALIGN)
+
+
+def recs(n: int, start: int = 0, size: int = 37) -> list[tuple[int, int, int, bytes]]:
+    """n add records with non-zero data (so any missing byte changes the CRC)."""
+    return [(REC_ADD, 1000 + (i % 3), i, bytes([(i % 250) + 1]) * (size + i % 5)) for i in range(start, start + n)]
+
+
+def run(coro_fn: Callable[[], Any]) -> Any:
+    """Run a coroutine on a fresh uvloop loop (the shard's event loop)."""
+    return uvloop.run(coro_fn())
+
+
+# -- JournalBatch / scan_blocks -------------------------------------------------------------
+
+
+def test_batch_seal_scan_round_trip() -> None:
+    """Records added to a batch and sealed come back from scan_blocks unchanged, in order, with the seq."""
+    records = [
+        (REC_ADD, 1, 0, b"hello"),
+        (REC_ADD, U64_MAX, 2**63 - 1, os.urandom(1000)),
+        (REC_MASTER_KEY, 7, -1, bytes(20)),
+        (REC_FENCE, 7, -1, b""),
+        (REC_ADD, 0, 0, b"\x00" * 10),
+    ]
+    block = make_block(records, seq=41)
+    got, end, torn, last_seq = scan_blocks(block, 0)
+    assert got == records
+    assert (end, torn, last_seq) == (len(block), False, 41)
+
+
+def test_batch_counts_records_and_bytes_and_copies_data() -> None:
+    """count and nbytes track the records added; add() copies data so the caller may reuse its buffer."""
+    batch = JournalBatch()
+    assert (batch.count, batch.nbytes) == (0, 0)
+    buf = bytearray(b"abcd")
+    batch.add(REC_ADD, 1, 0, buf)
+    buf[:] = b"zzzz"
+    batch.add(REC_ADD, 1, 1, memoryview(b"xyz"))
+    assert batch.count == 2
+    assert batch.nbytes == 2 * RECORD_HEADER + 4 + 3
+    got, *_ = scan_blocks(batch.seal(0), 0)
+    assert got == [(REC_ADD, 1, 0, b"abcd"), (REC_ADD, 1, 1, b"xyz")]
+
+
+def test_sealed_block_matches_documented_layout() -> None:
+    """seal() produces exactly the documented bytes (magic, payload_len, crc32c, count, seq, records, zero pad)."""
+    records = [(REC_ADD, 5, 9, b"payload-1"), (REC_FENCE, 6, -1, b"")]
+    assert make_block(records, 3) == py_block(records, 3)
+
+
+@pytest.mark.parametrize("data_len", [0, 1, 100, 4096 - 24 - 21 - 1, 4096 - 24 - 21, 4096 - 24 - 21 + 1, 10_000,
+                                      3 * 4096])
+def test_sealed_blocks_are_4096_aligned(data_len: int) -> None:
+    """Every sealed block is a multiple of 4096 bytes, the smallest that holds header + payload, zero padded."""
+    block = make_block([(REC_ADD, 1, 0, b"\x5a" * data_len)], seq=0)
+    used = BLOCK_HEADER_BYTES + RECORD_HEADER + data_len
+    assert BLOCK_ALIGN == 4096 and BLOCK_HEADER_BYTES == 24
+    assert len(block) % BLOCK_ALIGN == 0
+    assert len(block) == -(-used // BLOCK_ALIGN) * BLOCK_ALIGN
+    assert block[used:] == bytes(len(block) - used)
+
+
+def test_empty_batch_seals_to_one_aligned_block() -> None:
+    """A batch with no records still seals to one valid, aligned block."""
+    block = bytes(JournalBatch().seal(9))
+    assert len(block) == BLOCK_ALIGN
+    assert scan_blocks(block, 0) == ([], BLOCK_ALIGN, False, 9)
+
+
+def test_scan_many_blocks_and_from_offset() -> None:
+    """scan_blocks decodes consecutive blocks in order, and starting at a block offset skips the earlier ones."""
+    blocks = [make_block(recs(3, 3 * i), seq=i) for i in range(5)]
+    image = b"".join(blocks)
+    got, end, torn, last_seq = scan_blocks(image, 0)
+    assert got == recs(15) and (end, torn, last_seq) == (len(image), False, 4)
+    off = len(blocks[0]) + len(blocks[1])
+    got, end, torn, last_seq = scan_blocks(image, off)
+    assert got == recs(9, 6) and (end, torn, last_seq) == (len(image), False, 4)
+
+
+def test_scan_nothing_written_is_not_torn() -> None:
+    """An image with no block past offset (empty or all zeros) gives no records, torn False, last_seq -1."""
+    assert scan_blocks(b"", 0) == ([], 0, False, -1)
+    assert scan_blocks(bytes(3 * BLOCK_ALIGN), BLOCK_ALIGN) == ([], BLOCK_ALIGN, False, -1)
+
+
+def test_zero_tail_after_blocks_is_not_torn() -> None:
+    """Zeros after the last block (the preallocated rest of the file) mean a clean end: torn False."""
+    blocks = [make_block(recs(4, 4 * i), seq=i) for i in range(3)]
+    image = b"".join(blocks) + bytes(64 * 1024)
+    got, end, torn, last_seq = scan_blocks(image, 0)
+    assert got == recs(12)
+    assert (end, torn, last_seq) == (sum(map(len, blocks)), False, 2)
+
+
+def _three_blocks() -> tuple[list[bytes], list[list[tuple]]]:
+    rs = [recs(3, 0), recs(2, 3, size=200), recs(4, 5, size=90)]
+    return [make_block(r, seq=10 + i) for i, r in enumerate(rs)], rs
+
+
+def test_truncated_last_block_is_discarded_and_earlier_blocks_kept() -> None:
+    """A last block cut at any byte of its header or payload is discarded (torn), earlier blocks kept."""
+    blocks, rs = _three_blocks()
+    prefix = blocks[0] + blocks[1]
+    last = blocks[2]
+    used = BLOCK_HEADER_BYTES + sum(RECORD_HEADER + len(r[3]) for r in rs[2])
+    for cut in range(1, used):
+        got, end, torn, last_seq = scan_blocks(prefix + last[:cut], 0)
+        assert got == rs[0] + rs[1], cut
+        assert (end, torn, last_seq) == (len(prefix), True, 11), cut
+
+
+def test_partially_written_last_block_before_zeros_is_torn() -> None:
+    """A last block written only up to some byte, the rest of the preallocated file zero, is discarded as torn."""
+    blocks, rs = _three_blocks()
+    prefix = blocks[0] + blocks[1]
+    last = blocks[2]
+    used = BLOCK_HEADER_BYTES + sum(RECORD_HEADER + len(r[3]) for r in rs[2])
+    for cut in list(range(1, 64)) + list(range(64, used, 7)) + [used - 1]:
+        image = prefix + last[:cut] + bytes(len(last) - cut + BLOCK_ALIGN)
+        got, end, torn, last_seq = scan_blocks(image, 0)
+        assert got == rs[0] + rs[1], cut
+        assert (end, torn, last_seq) == (len(prefix), True, 11), cut
+
+
+def test_cut_at_block_boundary_is_clean() -> None:
+    """An image that ends exactly at a block boundary has nothing torn."""
+    blocks, rs = _three_blocks()
+    image = blocks[0] + blocks[1]
+    assert scan_blocks(image, 0) == (rs[0] + rs[1], len(image), False, 11)
+
+
+def test_flipped_bit_in_payload_fails_crc_and_stops_replay() -> None:
+    """A flipped bit anywhere in a block's payload fails its CRC32C: that block and all after it are not returned."""
+    blocks, rs = _three_blocks()
+    image = b"".join(blocks)
+    start = len(blocks[0])
+    plen = sum(RECORD_HEADER + len(r[3]) for r in rs[1])
+    for i in range(start + BLOCK_HEADER_BYTES, start + BLOCK_HEADER_BYTES + plen, 5):
+        for bit in (0, 7):
+            bad = bytearray(image)
+            bad[i] ^= 1 << bit
+            got, end, torn, last_seq = scan_blocks(bytes(bad), 0)
+            assert got == rs[0], (i, bit)
+            assert (end, torn, last_seq) == (start, True, 10), (i, bit)
+
+
+@pytest.mark.parametrize("field_off", [0, 3, 4, 8, 11, 12, 15, 16, 23])
+def test_corrupt_header_field_discards_block(field_off: int) -> None:
+    """A flipped bit in the magic, payload_len, crc, record_count or seq of a block discards it (torn)."""
+    blocks, rs = _three_blocks()
+    image = bytearray(b"".join(blocks))
+    image[len(blocks[0]) + field_off] ^= 0x10
+    got, end, torn, last_seq = scan_blocks(bytes(image), 0)
+    assert got == rs[0]
+    assert (end, torn, last_seq) == (len(blocks[0]), True, 10)
+
+
+def test_block_whose_count_disagrees_with_records_is_discarded() -> None:
+    """A block with a valid CRC whose record_count does not match its records is refused (bounds check)."""
+    good = py_block(recs(2), seq=0)
+    bad = py_block(recs(2, 2), seq=1, count=3)
+    got, end, torn, _ = scan_blocks(good + bad, 0)
+    assert got == recs(2) and end == len(good) and torn
+
+
+def test_block_with_record_overrunning_payload_is_discarded() -> None:
+    """A record whose length runs past its block's payload is refused, even with a valid CRC."""
+    payload = struct.pack(">IBQq", 500, REC_ADD, 1, 0) + b"x" * 10  # claims 500 bytes, has 27
+    crc = crc32c.crc32c(payload, crc32c.crc32c(struct.pack(">I", len(payload)) + struct.pack(">IQ", 1, 0)))
+    block = struct.pack(">IIIIQ", BLOCK_MAGIC, len(payload), crc, 1, 0) + payload
+    block += bytes(-len(block) % BLOCK_ALIGN)
+    got, end, torn, last_seq = scan_blocks(block, 0)
+    assert (got, end, torn, last_seq) == ([], 0, True, -1)
+
+
+# -- flush policy ------------------------------------------------------------------------------
+
+
+def oracle_flush(count: int, nbytes: int, waited: int, inflight: bool, gw: int, bmax: int) -> FlushReason | None:
+    """policy.py rules: never with nothing queued or a sync in flight; else FULL at the byte bound,
+    IDLE when no group wait is configured, WAITED once the group wait elapsed; otherwise keep filling."""
+    if count == 0 or inflight:
+        return None
+    if nbytes >= bmax:
+        return FlushReason.FULL
+    if gw <= 0:
+        return FlushReason.IDLE
+    return FlushReason.WAITED if waited >= gw else None
+
+
+def test_flush_reason_decision_table_exhaustive() -> None:
+    """flush_reason agrees with the documented rules on every point of a small grid."""
+    grid = itertools.product([0, 1, 7], [0, 100, 4095, 4096, 10_000], [0, 1, 99, 100, 101, 5000],
+                             [False, True], [0, 1, 100, 1000], [4096, 1 << 20])
+    n = 0
+    for count, nbytes, waited, inflight, gw, bmax in grid:
+        got = flush_reason(batch_count=count, batch_bytes=nbytes, oldest_wait_us=waited, sync_in_flight=inflight,
+                           group_wait_us_max=gw, batch_bytes_max=bmax)
+        assert got == oracle_flush(count, nbytes, waited, inflight, gw, bmax), \
+            (count, nbytes, waited, inflight, gw, bmax)
+        n += 1
+    assert n == 3 * 5 * 6 * 2 * 4 * 2
+
+
+def test_flush_reason_one_sync_in_flight_at_a_time() -> None:
+    """While a sync is in flight nothing is flushed, not even a full batch (blocks written strictly in order)."""
+    assert flush_reason(batch_count=10**6, batch_bytes=10**9, oldest_wait_us=10**9, sync_in_flight=True,
+                        group_wait_us_max=0, batch_bytes_max=1) is None
+
+
+def test_flush_reason_low_load_flushes_immediately() -> None:
+    """With no group wait and no sync in flight a lone record is flushed at once (low latency at low load)."""
+    assert flush_reason(batch_count=1, batch_bytes=30, oldest_wait_us=0, sync_in_flight=False,
+                        group_wait_us_max=0, batch_bytes_max=4 << 20) is FlushReason.IDLE
+
+
+# -- syncers -------------------------------------------------------------------------------
+
+
+def make_syncer_of(kind: str, loop: asyncio.AbstractEventLoop):
+    """Build the syncer class directly (no fallback), so the io_uring path is really exercised."""
+    return UringSyncer(loop) if kind == "io_uring" else ThreadSyncer(loop)
+
+
+KINDS = ["io_uring", "thread"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_syncer_writes_block_at_offset_and_reports_success(tmp_path: Path, kind: str) -> None:
+    """submit() writes the buffer at the offset, fdatasyncs, and calls done(None) on the loop."""
+    path = tmp_path / "f"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        assert syncer.kind == kind
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            futs = []
+            for i in range(3):
+                fut = loop.create_future()
+                syncer.submit(fd, bytearray([i + 1]) * 4096, 4096 * i, fut.set_result)
+                futs.append(fut)
+            assert await asyncio.wait_for(asyncio.gather(*futs), 10) == [None, None, None]
+        finally:
+            syncer.close()
+            os.close(fd)
+
+    run(main)
+    data = path.read_bytes()
+    assert data == b"\x01" * 4096 + b"\x02" * 4096 + b"\x03" * 4096
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_syncer_reports_write_error_as_oserror(tmp_path: Path, kind: str) -> None:
+    """A failed write (read-only fd) reaches done() as an OSError carrying the errno (EBADF)."""
+    path = tmp_path / "ro"
+    path.write_bytes(bytes(4096))
+
+    async def main() -> OSError | None:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fut = loop.create_future()
+            syncer.submit(fd, bytearray(b"x" * 4096), 0, fut.set_result)
+            return await asyncio.wait_for(fut, 10)
+        finally:
+            syncer.close()
+            os.close(fd)
+
+    err = run(main)
+    assert isinstance(err, OSError)
+    assert err.errno == errno.EBADF
+
+
+# -- Journal end to end ----------------------------------------------------------------------------
+
+
+class Sink:
+    """Collects on_durable / on_failed calls."""
+
+    def __init__(self) -> None:
+        self.durable: list[list[Any]] = []
+        self.failed: list[tuple[list[Any], OSError]] = []
+
+    def on_durable(self, items: list[Any]) -> None:
+        self.durable.append(list(items))
+
+    def on_failed(self, items: list[Any], err: OSError) -> None:
+        self.failed.append((list(items), err))
+
+    @property
+    def durable_items(self) -> list[Any]:
+        return [i for batch in self.durable for i in batch]
+
+    @property
+    def failed_items(self) -> list[Any]:
+        return [i for items, _ in self.failed for i in items]
+
+
+class NullSyncer:
+    """For journals that only replay or trim: fails the test if anything is submitted."""
+
+    kind = "null"
+
+    def submit(self, fd: int, buf: Any, offset: int, done: Callable) -> None:  # pragma: no cover
+        raise AssertionError("replay must not write")
+
+    def close(self) -> None:
+        pass
+
+
+def new_journal(path: Path, syncer: Any, loop: asyncio.AbstractEventLoop, sink: Sink, **kw: Any) -> Journal:
+    kw.setdefault("preallocate_bytes", 1 << 20)
+    return Journal(path, syncer=syncer, loop=loop, on_durable=sink.on_durable, on_failed=sink.on_failed, **kw)
+
+
+def replay_all(path: Path, mark: tuple[int, int] = (0, 0)) -> tuple[list[tuple], Any]:
+    """Replay a journal dir with a fresh Journal; returns (records, ReplayResult)."""
+    out: list[tuple] = []
+
+    async def main() -> Any:
+        j = new_journal(path, NullSyncer(), asyncio.get_running_loop(), Sink())
+        res = j.replay(mark, lambda batch: out.extend(batch))
+        j.close()
+        return res
+
+    return out, run(main)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_journal_durable_once_in_order_then_replays_everything(tmp_path: Path, kind: str) -> None:
+    """Every appended item reaches on_durable exactly once, in append order, only after its sync;
+    a fresh Journal over the same dir replays every record (no acknowledged entry is lost)."""
+    expected = recs(300)
+
+    async def main() -> Sink:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        assert syncer.kind == kind
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink)
+        j.replay((0, 0), lambda r: pytest.fail("empty dir has nothing to replay"))
+        j.start()
+        it = iter(enumerate(expected))
+        for round_size in (1, 1, 50, 3, 120, 1, 124):
+            for _ in range(round_size):
+                i, rec = next(it)
+                j.append(*rec, item=i)
+            assert i not in sink.durable_items  # an add is answered only after its batch is durable
+            await asyncio.sleep(0)
+        await asyncio.wait_for(j.drain(), 10)
+        assert j.stats["records"] == len(expected)
+        j.close()
+        syncer.close()
+        return sink
+
+    sink = run(main)
+    assert sink.failed == []
+    assert sink.durable_items == list(range(len(expected)))
+    assert len(sink.durable) < len(expected)  # group commit: batches hold several records
+    got, res = replay_all(tmp_path)
+    assert got == expected
+    assert (res.records, res.blocks_torn, res.files) == (len(expected), 0, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_journal_replay_from_checkpoint_mark_skips_earlier_records(tmp_path: Path, kind: str) -> None:
+    """replay(mark) applies only records written after the checkpoint mark (position()), across files."""
+    first, second, third = recs(40), recs(25, 40), recs(30, 65, size=3000)
+
+    async def main() -> tuple[tuple[int, int], tuple[int, int]]:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, file_max_bytes=64 * 1024)
+        j.start()
+        for r in first:
+            j.append(*r, item=r[2])
+        await j.drain()
+        mark1 = j.position()
+        for r in second:
+            j.append(*r, item=r[2])
+            await asyncio.sleep(0)
+        await j.drain()
+        mark2 = j.position()
+        for r in third:  # ~90 KiB in small batches: rolls over to new files
+            j.append(*r, item=r[2])
+            await asyncio.sleep(0)
+        await j.drain()
+        assert len(j.file_ids()) > 1
+        j.close()
+        syncer.close()
+        assert sink.durable_items == [r[2] for r in first + second + third]
+        return mark1, mark2
+
+    mark1, mark2 = run(main)
+    assert mark1[1] % BLOCK_ALIGN == 0 and mark1 < mark2
+    assert replay_all(tmp_path)[0] == first + second + third
+    assert replay_all(tmp_path, mark1)[0] == second + third
+    assert replay_all(tmp_path, mark2)[0] == third
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_journal_grows_file_past_preallocation(tmp_path: Path, kind: str) -> None:
+    """Blocks past the preallocated size still land in the file and replay (the file is grown as needed)."""
+    expected = recs(40, size=1500)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=BLOCK_ALIGN)
+        j.start()
+        for i, r in enumerate(expected):
+            j.append(*r, item=i)
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(j.drain(), 10)
+        assert sink.durable_items == list(range(len(expected)))
+        assert j.file_ids() == [j.file_id]
+        j.close()
+        syncer.close()
+
+    run(main)
+    got, res = replay_all(tmp_path)
+    assert got == expected and res.blocks_torn == 0
+
+
+def test_journal_new_file_on_every_start_and_replay_across_restarts(tmp_path: Path) -> None:
+    """Each start opens a new file (never appends after a possibly torn tail); replay spans all files in order."""
+    batches = [recs(5, 0), recs(5, 5), recs(5, 10)]
+
+    async def session(rs: list[tuple]) -> int:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink)
+        replayed: list[tuple] = []
+        j.replay((0, 0), replayed.extend)
+        j.start()
+        for r in rs:
+            j.append(*r, item=r[2])
+        await j.drain()
+        j.close()
+        syncer.close()
+        assert sink.durable_items == [r[2] for r in rs]
+        return j.file_id
+
+    ids = [uvloop.run(session(b)) for b in batches]
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    assert replay_all(tmp_path)[0] == batches[0] + batches[1] + batches[2]
+    assert replay_all(tmp_path, (ids[1], 0))[0] == batches[1] + batches[2]
+
+
+def test_journal_trim_deletes_files_before_mark_only(tmp_path: Path) -> None:
+    """trim(mark_file) deletes journal files wholly before the mark, keeps the rest and the current file."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, file_max_bytes=2 * BLOCK_ALIGN)
+        j.start()
+        for r in recs(6):  # one block per file: header + one block reaches file_max_bytes
+            j.append(*r, item=r[2])
+            await j.drain()
+        ids = j.file_ids()
+        assert len(ids) == 7 and ids[-1] == j.file_id
+        assert j.trim(ids[3]) == 3
+        assert j.file_ids() == ids[3:]
+        assert j.trim(ids[3]) == 0  # nothing more before the mark
+        assert j.trim(10**9) == 3   # everything before the mark but the file in use
+        assert j.file_ids() == [j.file_id]
+        j.close()
+        syncer.close()
+
+    run(main)
+
+
+def test_journal_trim_then_replay_keeps_records_after_mark(tmp_path: Path) -> None:
+    """After a checkpoint at mark, trim(mark file) + replay(mark) still yields every record after the mark."""
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), file_max_bytes=2 * BLOCK_ALIGN)
+        j.start()
+        for r in recs(4):
+            j.append(*r, item=None)
+            await j.drain()
+        mark = j.position()
+        for r in recs(4, 4):
+            j.append(*r, item=None)
+            await j.drain()
+        assert j.trim(mark[0]) >= 4
+        j.close()
+        syncer.close()
+        return mark
+
+    mark = run(main)
+    assert replay_all(tmp_path, mark)[0] == recs(4, 4)
+
+
+def test_journal_replay_discards_torn_tail(tmp_path: Path) -> None:
+    """Garbage after the last durable block (a torn write) is reported torn; every earlier record is replayed."""
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink())
+        j.start()
+        for r in recs(10):
+            j.append(*r, item=None)
+        await j.drain()
+        pos = j.position()
+        j.close()
+        syncer.close()
+        return pos
+
+    fid, off = run(main)
+    with open(tmp_path / f"{fid:016x}.jnl", "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack(">I", BLOCK_MAGIC) + b"\x00\x00\x01\x00garbage")
+    got, res = replay_all(tmp_path)
+    assert got == recs(10)
+    assert res.blocks_torn == 1
+
+
+def test_journal_refuses_newer_file_format(tmp_path: Path) -> None:
+    """A journal file whose header version is newer than supported is refused, not misread."""
+    (tmp_path / f"{1:016x}.jnl").write_bytes(struct.pack(">4sIQ", b"BKJF", FILE_VERSION + 1, 1).ljust(8192, b"\0"))
+    with pytest.raises(OSError, match="newer"):
+        replay_all(tmp_path)
+
+
+def test_journal_group_wait_holds_small_batch_until_timer(tmp_path: Path) -> None:
+    """With group_wait_us_max > 0 a lone record waits for company, then is flushed when the wait elapses."""
+
+    class Recording(ThreadSyncer):
+        submits = 0
+
+        def submit(self, fd, buf, offset, done):  # noqa: ANN001
+            type(self).submits += 1
+            super().submit(fd, buf, offset, done)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = Recording(loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, group_wait_us_max=20_000)
+        j.start()
+        j.append(REC_ADD, 1, 0, b"a", item="a")
+        j.append(REC_ADD, 1, 1, b"b", item="b")
+        assert Recording.submits == 0 and j.queued_bytes > 0
+        for _ in range(200):
+            if sink.durable:
+                break
+            await asyncio.sleep(0.005)
+        assert sink.durable == [["a", "b"]]  # one block for both
+        assert Recording.submits == 1
+        j.close()
+        syncer.close()
+
+    run(main)
+
+
+def test_journal_full_batch_flushes_without_waiting(tmp_path: Path) -> None:
+    """A batch reaching batch_bytes_max is flushed at once even with a long group wait."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, group_wait_us_max=10_000_000, batch_bytes_max=8192)
+        j.start()
+        j.append(REC_ADD, 1, 0, b"x" * 9000, item=0)
+        assert j.queued_bytes == 0  # sealed and handed to the syncer
+        await asyncio.wait_for(j.drain(), 5)
+        assert sink.durable == [[0]]
+        j.close()
+        syncer.close()
+
+    run(main)
+
+
+class FailingSyncer:
+    """A journal device that fails every sync: done(OSError(EIO)), now or on the next loop turn."""
+
+    kind = "failing"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deferred: bool) -> None:
+        self.loop, self.deferred, self.calls = loop, deferred, 0
+
+    def submit(self, fd: int, buf: Any, offset: int, done: Callable[[OSError | None], None]) -> None:
+        self.calls += 1
+        err = OSError(errno.EIO, "injected journal write failure")
+        if self.deferred:
+            self.loop.call_soon(done, err)
+        else:
+            done(err)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["deferred", "immediate"])
+def test_journal_sync_failure_fails_items_and_later_appends(tmp_path: Path, deferred: bool) -> None:
+    """A failed sync hands its items (and any queued behind it) to on_failed, none to on_durable,
+    and every later append fails at once: nothing more can be made durable."""
+
+    async def main() -> tuple[Sink, FailingSyncer]:
+        loop = asyncio.get_running_loop()
+        syncer = FailingSyncer(loop, deferred)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink)
+        j.start()
+        for i in range(5):
+            j.append(REC_ADD, 1, i, b"d", item=i)
+        await asyncio.wait_for(j.drain(), 5)
+        await asyncio.sleep(0)
+        assert sorted(sink.failed_items) == [0, 1, 2, 3, 4]
+        calls = syncer.calls
+        j.append(REC_ADD, 1, 5, b"d", item=5)
+        j.append(REC_ADD, 1, 6, b"d", item=6)
+        assert sink.failed_items[-2:] == [5, 6]  # refused at once
+        await asyncio.wait_for(j.drain(), 5)
+        assert syncer.calls == calls  # nothing more is submitted
+        j.close()
+        return sink, syncer
+
+    sink, _ = run(main)
+    assert sink.durable == []
+    assert sink.failed_items == list(range(7))  # each exactly once, in order
+    for _, err in sink.failed:
+        assert isinstance(err, OSError) and isinstance(err, JournalFailedError)
+        assert err.errno == errno.EIO
+
+
+def test_journal_failure_after_success_keeps_durable_items(tmp_path: Path) -> None:
+    """Items of syncs that succeeded stay durable; only the failed block and those queued after it fail."""
+
+    class FailSecond:
+        kind = "fail-second"
+
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            self.inner = ThreadSyncer(loop)
+            self.loop = loop
+            self.n = 0
+
+        def submit(self, fd, buf, offset, done):  # noqa: ANN001
+            self.n += 1
+            if self.n == 1:
+                self.inner.submit(fd, buf, offset, done)
+            else:
+                self.loop.call_soon(done, OSError(errno.ENOSPC, "injected: device full"))
+
+        def close(self) -> None:
+            self.inner.close()
+
+    async def main() -> Sink:
+        loop = asyncio.get_running_loop()
+        syncer = FailSecond(loop)
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink)
+        j.start()
+        j.append(REC_ADD, 1, 0, b"d", item=0)        # block 1: succeeds
+        for i in range(1, 4):
+            j.append(REC_ADD, 1, i, b"d", item=i)    # block 2 (filled during sync 1): fails
+        await asyncio.wait_for(j.drain(), 5)
+        j.append(REC_ADD, 1, 4, b"d", item=4)
+        await asyncio.wait_for(j.drain(), 5)
+        j.close()
+        syncer.close()
+        return sink
+
+    sink = run(main)
+    assert sink.durable_items == [0]
+    assert sink.failed_items == [1, 2, 3, 4]
+    assert all(err.errno == errno.ENOSPC for _, err in sink.failed)
