@@ -95,9 +95,9 @@ def test_supervisor_restarts_a_dead_shard_and_keeps_registration(make_cluster) -
 
 def test_admin_http_heartbeat_and_metrics(make_cluster, tmp_path) -> None:
     """http_port serves /heartbeat and Prometheus /metrics on 127.0.0.1."""
-    from bookkeeper.testing.zookeeper import free_port
+    from bookkeeper.testing.cluster import free_port_block
 
-    port = free_port()
+    port = free_port_block()
     cluster: LocalCluster = make_cluster(bookies=1, shards=1, bookie_conf={"http_port": port})
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/heartbeat", timeout=5) as r:
         assert r.status == 200 and r.read() == b"OK\n"

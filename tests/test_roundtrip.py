@@ -184,3 +184,19 @@ def test_blocking_client_twin(cluster5) -> None:
         assert [e.entry_id for e in rh.tail(190)] == list(range(190, 200))
         assert lh.ledger_id in list(bk.list_ledgers())
         bk.delete_ledger(lh.ledger_id)
+
+
+def test_entry_over_frame_limit_is_refused_before_sending(cluster5) -> None:
+    """An entry that cannot fit max_frame_bytes raises TooLargeError; the handle keeps working."""
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            big = b"x" * (bk.pool.max_frame_bytes - 50)
+            with pytest.raises(errors.TooLargeError):
+                lh.add_entry_async(big)
+            near = b"y" * (bk.pool.max_frame_bytes - 200)
+            assert await lh.add_entry(near) == 0
+            await lh.close()
+            rh = await bk.open_ledger(lh.ledger_id)
+            assert (await rh.read(0, 0))[0].data == near
+    run(main())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bookkeeper.client.core import AddTracker, entry_missing, fence_covered, write_set
-from bookkeeper.client.digest import DigestManager
+from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.errors import (
     BKError,
     DigestMismatchError,
@@ -25,9 +25,10 @@ from bookkeeper.errors import (
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    TooLargeError,
 )
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
-from bookkeeper.proto import Flag, Op
+from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
     from bookkeeper.client.client import BookKeeper
@@ -164,6 +165,7 @@ class WriteHandle(ReadHandle):
                                    ack_quorum=metadata.ack_quorum)
         self._next = 0
         self._sent_length = 0  # ledger length after the last entry sent: each entry's length field
+        self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._error: BKError | None = None
         self._closing = False
@@ -186,6 +188,9 @@ class WriteHandle(ReadHandle):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"entry data must be bytes, not {type(data).__name__}")
         data = bytes(data)
+        if len(data) + self._frame_overhead > self._bk.pool.max_frame_bytes:
+            raise TooLargeError(f"entry of {len(data)} bytes does not fit the {self._bk.pool.max_frame_bytes}-byte "
+                                f"frame limit")
         entry_id = self._next
         self._next += 1
         fut: asyncio.Future[int] = self._loop.create_future()

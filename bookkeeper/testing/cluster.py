@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookkeeper.testing.zookeeper import ZooKeeperServer, free_port
+from bookkeeper.testing.zookeeper import ZooKeeperServer
 
 BOOKIE_START_TIMEOUT_S = 60.0
 
@@ -31,16 +33,27 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def _free_port_block(count: int) -> int:
-    """A base port with `count` consecutive free loopback ports after it."""
-    for _ in range(200):
-        base = free_port()
-        if base + count >= 65535:
-            continue
-        ports = [base + i for i in range(count)]
-        import socket
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port_block(count: int = 1) -> int:
+    """A base port with `count` consecutive free loopback ports, below the ephemeral range.
+
+    Why below it: a port picked from the ephemeral range can be taken by any outgoing
+    connection (a ZooKeeper client, say) between the pick and the server's bind.
+    """
+    lo = 10_000
+    hi = _ephemeral_range()[0] - count
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(lo, hi)
         ok = True
-        for p in ports:
+        for p in range(base, base + count):
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
@@ -60,7 +73,7 @@ class LocalBookie:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.index = index
-        self.port = _free_port_block(shards)
+        self.port = free_port_block(shards)
         self.conf = {
             "metadata_uri": metadata_uri, "bind_address": "127.0.0.1", "advertised_address": "127.0.0.1",
             "port": self.port, "shards": shards, "journal_dir": str(self.dir / "journal"),
@@ -160,7 +173,7 @@ class LocalCluster:
                  bookie_conf: dict[str, Any] | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.zk = ZooKeeperServer(self.dir / "zookeeper", port=zk_port)
+        self.zk = ZooKeeperServer(self.dir / "zookeeper", port=zk_port or free_port_block())
         self.shards = shards
         self.journal_sync = journal_sync
         self.bookie_conf = bookie_conf or {}
@@ -231,7 +244,6 @@ class LocalCluster:
 
     def wait_shards_up(self, bookie: LocalBookie, timeout_s: float = 60.0) -> None:
         """Until every shard port of the bookie accepts connections."""
-        import socket
         deadline = time.monotonic() + timeout_s
         for i in range(self.shards):
             while True:
