@@ -26,6 +26,7 @@ from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
 from bookkeeper.proto import (
     ENTRY_HEADER_BYTES,
+    MAX_LEDGER_ID,
     NO_KEY,
     Flag,
     FrameError,
@@ -182,7 +183,8 @@ class ShardServer:
             conn.respond((op, Status.SERVER_ERROR, req_id, ledger_id, entry_id, -1, b""))
 
     def _wrong_shard(self, ledger_id: int) -> bool:
-        return shard_for_ledger(ledger_id, self.shards) != self.shard_index
+        """Not ours to serve: another shard's ledger, or an id no ledger can have."""
+        return ledger_id > MAX_LEDGER_ID or shard_for_ledger(ledger_id, self.shards) != self.shard_index
 
     def _add(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
              key: bytes, payload: bytes, blob_lac: int) -> None:

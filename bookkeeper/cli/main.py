@@ -93,7 +93,9 @@ async def cmd_ledger_metadata(bk: Any, args: argparse.Namespace) -> int:
 
 @_with_client
 async def cmd_ledger_read(bk: Any, args: argparse.Namespace) -> int:
-    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=False)
+    password = None if args.password is None else args.password.encode()
+    lh = await bk.open_ledger(args.ledger_id, password=password or b"", recovery=False,
+                              verify_password=password is not None)
     last = lh.last_add_confirmed if args.to is None else args.to
     first = args.from_
     if last < first:
@@ -271,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ledger_id", type=int)
     s.add_argument("--from", dest="from_", type=int, default=0)
     s.add_argument("--to", type=int, default=None)
-    s.add_argument("--password", default="")
+    s.add_argument("--password", default=None,
+                   help="needed for MAC-digest ledgers; CRC32C ledgers are read without it (admin read)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_ledger_read)
     s = lsub.add_parser("delete", parents=[common])
@@ -288,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error_line(message: str) -> None:
+    """One plain line on stderr: no wrapping, no markup (the text may quote user input)."""
+    print(" ".join(message.split()), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", False)
@@ -299,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as e:
-        err.print(f"bk: {e}")
+        _error_line(f"bk: {e}")
         return 2
     except BKError as e:
-        err.print(f"bk: {type(e).__name__}: {e}")
+        _error_line(f"bk: {type(e).__name__}: {e}")
         return 1
     except KeyboardInterrupt:
         return 130

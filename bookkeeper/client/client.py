@@ -103,10 +103,18 @@ class BookKeeper:
         return WriteHandle(self, md, password)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", digest: DigestType | None = None,
-                          recovery: bool = True) -> ReadHandle:
-        """Open for reading. recovery=True fences and closes a ledger that may still have a writer."""
+                          recovery: bool = True, verify_password: bool = True) -> ReadHandle:
+        """Open for reading. recovery=True fences and closes a ledger that may still have a writer.
+
+        verify_password=False is for admin reads (`bk ledger read`) of CRC32C/DUMMY ledgers:
+        reads need no master key and those digests no password. It cannot fence.
+        """
         md = await self._read_metadata(ledger_id)
-        if password_digest(password) != md.password_digest:
+        if not verify_password:
+            if recovery or md.digest is DigestType.MAC:
+                raise UnauthorizedError(f"ledger {ledger_id}: the password is needed to "
+                                        f"{'recover' if recovery else 'verify its MAC digest'}")
+        elif password_digest(password) != md.password_digest:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if digest is not None and DigestType(digest) is not md.digest:
             raise BKError(f"ledger {ledger_id} uses digest {md.digest.value}, not {DigestType(digest).value}")

@@ -25,6 +25,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 
 from bookkeeper.errors import BKError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
+from bookkeeper.proto import MAX_LEDGER_ID
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def parse_metadata_uri(uri: str) -> tuple[str, str]:
 
 def ledger_path(root: str, ledger_id: int) -> str:
     """Hierarchical path of a ledger's metadata (as Apache BookKeeper's HierarchicalLedgerManager)."""
-    if not 0 <= ledger_id < 10**10:
+    if not 0 <= ledger_id <= MAX_LEDGER_ID:
         raise BKError(f"ledger id out of range: {ledger_id}")
     s = f"{ledger_id:010d}"
     return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
@@ -196,6 +197,8 @@ class ZkMetadataStore:
                 break
 
     def ledger_exists(self, ledger_id: int) -> bool:
+        if not 0 <= ledger_id <= MAX_LEDGER_ID:
+            return False
         return self.zk.exists(ledger_path(self.root, ledger_id)) is not None
 
     def list_ledgers(self) -> Iterator[int]:

@@ -23,6 +23,7 @@ from bookkeeper._ext.wire import (  # noqa: F401  (re-exported: the codec's one 
 )
 
 DEFAULT_MAX_FRAME_BYTES = 5 * 1024 * 1024
+MAX_LEDGER_ID = 10**10 - 1  # ledger metadata paths hold 10 digits (docs/metadata.md)
 NO_KEY = bytes(MASTER_KEY_BYTES)
 
 

@@ -1,0 +1,338 @@
+"""The `bk` command line against a real cluster, run as a subprocess (API.md section 2).
+
+Checked: simpletest, `bookies list --json`, `--metadata-uri` before / after the
+sub-command and via BK_METADATA_URI, `ledger metadata` / `ledger read` / `ledgers list` /
+`ledger delete` on a ledger written by the Python client, and the error contract:
+one clear line on stderr, non-zero exit, no traceback, no log lines without -v.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bookkeeper import BookKeeper, DigestType
+from bookkeeper.testing.cluster import LocalCluster
+from tests.conftest import run
+
+REPO = Path(__file__).resolve().parents[1]
+CLI_TIMEOUT_S = 60
+# what a logging record looks like: a timestamp, or a level name as a word of its own
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def __str__(self) -> str:
+        return f"rc={self.returncode}\n--- stdout\n{self.out[:3000]}\n--- stderr\n{self.err[:3000]}"
+
+
+def bk(*args: str, uri: str | None = None, env_uri: str | None = None) -> Result:
+    """Run `bk ARGS...` (with `--metadata-uri uri` appended when given), as scripts do: no TTY, no COLUMNS."""
+    env = {k: v for k, v in os.environ.items() if k not in ("BK_METADATA_URI", "COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if env_uri is not None:
+        env["BK_METADATA_URI"] = env_uri
+    argv = [sys.executable, "-m", "bookkeeper.cli.main", *args]
+    if uri is not None:
+        argv += ["--metadata-uri", uri]
+    p = subprocess.run(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=CLI_TIMEOUT_S)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def assert_ok(r: Result) -> None:
+    assert r.returncode == 0, str(r)
+    assert "Traceback" not in r.err, str(r)
+    logs = [line for line in r.err.splitlines() if LOG_LINE.search(line)]
+    assert not logs, f"log lines on stderr without -v: {logs}"
+
+
+def assert_one_line_error(r: Result, *, mentions: str | None = None) -> str:
+    """Non-zero exit, exactly one non-empty line on stderr, no traceback; returns that line."""
+    assert r.returncode != 0, str(r)
+    assert "Traceback" not in r.err, str(r)
+    lines = [line for line in r.err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{r.err}"
+    if mentions is not None:
+        assert mentions.lower() in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+# -- a ledger written by the Python client --------------------------------------------
+PAYLOADS = [
+    b"hello, bookkeeper",
+    b"\xff\xfe not utf-8 \x80\x81 end",        # invalid UTF-8 bytes
+    "h\u00e9llo w\u00f6rld \u2713 \U0001f600".encode(),  # valid multi-byte UTF-8
+    b"caf\xc3",                                   # truncated UTF-8 sequence
+    b"tab\there and a NUL \x00 inside",
+    b"",                                          # an empty entry
+    b"line one\nline two\r\n",                    # line breaks: only checked through --json
+    bytes(range(256)),
+]
+CUSTOM = {"app": b"cli-test", "blob": b"\x00\xff\xc3\x28"}
+
+
+@dataclass
+class Written:
+    ledger_id: int
+    ensemble: list[str]
+    created_ms: int
+
+
+@pytest.fixture(scope="module")
+def ledger(cluster5: LocalCluster) -> Iterator[Written]:
+    t0 = int(time.time() * 1000)
+
+    async def write() -> Written:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as client:
+            lh = await client.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, digest=DigestType.CRC32C,
+                                            custom_metadata=CUSTOM)
+            for p in PAYLOADS:
+                await lh.add_entry(p)
+            await lh.close()
+            return Written(lh.ledger_id, list(lh.metadata.ensembles[0]), t0)
+    w = run(write())
+    yield w
+
+    async def cleanup() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as client:
+            if await client._run(client.store.ledger_exists, w.ledger_id):
+                await client.delete_ledger(w.ledger_id)
+    run(cleanup())
+
+
+async def _ledger_ids(uri: str) -> set[int]:
+    async with await BookKeeper.connect(uri) as client:
+        return {lid async for lid in client.list_ledgers()}
+
+
+# -- simpletest ---------------------------------------------------------------------
+@pytest.mark.parametrize("args", [[], ["--ensemble", "5", "--write-quorum", "3", "--ack-quorum", "2",
+                                       "--entries", "500"]], ids=["defaults", "5-3-2-500"])
+def test_simpletest_exits_zero_and_leaves_no_ledger(cluster5: LocalCluster, args: list[str]) -> None:
+    before = run(_ledger_ids(cluster5.metadata_uri))
+    r = bk("simpletest", *args, uri=cluster5.metadata_uri)
+    assert_ok(r)
+    assert run(_ledger_ids(cluster5.metadata_uri)) - before == set(), "simpletest left its ledger behind"
+
+
+@pytest.mark.parametrize("args", [["--ensemble", "6", "--write-quorum", "2", "--ack-quorum", "2"],
+                                  ["--ensemble", "2", "--write-quorum", "3", "--ack-quorum", "2"]],
+                         ids=["more-bookies-than-registered", "write-quorum-over-ensemble"])
+def test_simpletest_impossible_quorum_is_one_line_error(cluster5: LocalCluster, args: list[str]) -> None:
+    assert_one_line_error(bk("simpletest", *args, uri=cluster5.metadata_uri))
+
+
+# -- bookies ------------------------------------------------------------------------
+def _check_bookies_json(cluster5: LocalCluster, r: Result) -> None:
+    assert_ok(r)
+    rows = json.loads(r.out)
+    assert isinstance(rows, list) and len(rows) == 5
+    expected = {b.bookie_id: b for b in cluster5.bookies}
+    assert {row["bookie_id"] for row in rows} == set(expected)
+    for row in rows:
+        assert {"bookie_id", "rack", "readonly", "shards"} <= set(row), row
+        assert isinstance(row["rack"], str)
+        assert row["readonly"] is False
+        b = expected[row["bookie_id"]]
+        assert row["shards"] == [{"host": "127.0.0.1", "port": b.port + i} for i in range(cluster5.shards)], row
+        assert all(set(s) >= {"host", "port"} and isinstance(s["port"], int) for s in row["shards"])
+
+
+def test_bookies_list_json_with_uri_before_the_sub_command(cluster5: LocalCluster) -> None:
+    _check_bookies_json(cluster5, bk("--metadata-uri", cluster5.metadata_uri, "bookies", "list", "--json"))
+
+
+def test_bookies_list_json_with_uri_after_the_sub_command(cluster5: LocalCluster) -> None:
+    _check_bookies_json(cluster5, bk("bookies", "list", "--json", uri=cluster5.metadata_uri))
+    _check_bookies_json(cluster5, bk("bookies", "--metadata-uri", cluster5.metadata_uri, "list", "--json"))
+
+
+def test_bookies_list_json_with_uri_from_the_environment(cluster5: LocalCluster) -> None:
+    _check_bookies_json(cluster5, bk("bookies", "list", "--json", env_uri=cluster5.metadata_uri))
+
+
+def test_metadata_uri_flag_wins_over_the_environment(cluster5: LocalCluster) -> None:
+    _check_bookies_json(cluster5, bk("bookies", "list", "--json", uri=cluster5.metadata_uri,
+                                     env_uri="zk://nonexistent.invalid:1/elsewhere"))
+
+
+def test_bookies_list_readonly_json_is_empty(cluster5: LocalCluster) -> None:
+    r = bk("bookies", "list", "--readonly", "--json", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    assert json.loads(r.out) == []
+
+
+def test_bookies_list_table_names_every_bookie(cluster5: LocalCluster) -> None:
+    r = bk("bookies", "list", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    for b in cluster5.bookies:
+        assert b.bookie_id in r.out
+
+
+# -- one ledger ---------------------------------------------------------------------
+def test_ledger_metadata_prints_the_documented_json(cluster5: LocalCluster, ledger: Written) -> None:
+    r = bk("ledger", "metadata", str(ledger.ledger_id), uri=cluster5.metadata_uri)
+    assert_ok(r)
+    md = json.loads(r.out)
+    assert {"ledger_id", "state", "ensemble_size", "write_quorum", "ack_quorum", "last_entry_id", "length",
+            "digest", "ensembles", "custom_metadata", "ctime"} <= set(md), sorted(md)
+    assert md["ledger_id"] == ledger.ledger_id
+    assert md["state"] == "CLOSED"
+    assert (md["ensemble_size"], md["write_quorum"], md["ack_quorum"]) == (3, 2, 2)
+    assert md["last_entry_id"] == len(PAYLOADS) - 1
+    assert md["length"] == sum(map(len, PAYLOADS))
+    assert md["digest"] == "CRC32C"
+    assert md["ensembles"] == [{"first_entry_id": 0, "bookies": ledger.ensemble}]
+    assert set(ledger.ensemble) <= {b.bookie_id for b in cluster5.bookies}
+    assert md["custom_metadata"] == {k: base64.b64encode(v).decode() for k, v in CUSTOM.items()}
+    assert {k: base64.b64decode(v) for k, v in md["custom_metadata"].items()} == CUSTOM
+    assert isinstance(md["ctime"], int) and ledger.created_ms - 60_000 <= md["ctime"] <= int(time.time() * 1000)
+
+
+def test_ledger_read_range_prints_id_tab_data_lines(cluster5: LocalCluster, ledger: Written) -> None:
+    r = bk("ledger", "read", str(ledger.ledger_id), "--from", "1", "--to", "3", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    expected = "".join(f"{i}\t{PAYLOADS[i].decode('utf-8', 'backslashreplace')}\n" for i in range(1, 4))
+    assert r.out == expected
+    assert r"\xff\xfe" in r.out and r"\xc3" in r.out  # bad bytes escaped, good UTF-8 kept as is
+    assert "h\u00e9llo w\u00f6rld \u2713 \U0001f600" in r.out
+
+
+def test_ledger_read_defaults_to_the_whole_ledger(cluster5: LocalCluster, ledger: Written) -> None:
+    """--from defaults to 0 and --to to the last entry."""
+    r = bk("ledger", "read", str(ledger.ledger_id), "--to", "5", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    assert r.out == "".join(f"{i}\t{PAYLOADS[i].decode('utf-8', 'backslashreplace')}\n" for i in range(6))
+    r = bk("ledger", "read", str(ledger.ledger_id), "--json", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    rows = [json.loads(line) for line in r.out.splitlines()]
+    assert [base64.b64decode(row["data_b64"]) for row in rows] == PAYLOADS
+    r = bk("ledger", "read", str(ledger.ledger_id), "--from", "6", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    last = len(PAYLOADS) - 1
+    assert r.out == "".join(f"{i}\t{PAYLOADS[i].decode('utf-8', 'backslashreplace')}\n" for i in range(6, last + 1))
+
+
+def test_ledger_read_json_round_trips_every_byte(cluster5: LocalCluster, ledger: Written) -> None:
+    r = bk("ledger", "read", str(ledger.ledger_id), "--from", "1", "--to", "3", "--json", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    rows = [json.loads(line) for line in r.out.splitlines()]
+    assert rows == [{"entry_id": i, "data_b64": base64.b64encode(PAYLOADS[i]).decode()} for i in range(1, 4)]
+    r = bk("ledger", "read", str(ledger.ledger_id), "--from", "0", "--to", str(len(PAYLOADS) - 1), "--json",
+           uri=cluster5.metadata_uri)
+    assert_ok(r)
+    rows = [json.loads(line) for line in r.out.splitlines()]
+    assert [row["entry_id"] for row in rows] == list(range(len(PAYLOADS)))
+    assert [base64.b64decode(row["data_b64"]) for row in rows] == PAYLOADS
+
+
+def test_ledger_read_past_the_end_is_one_line_error(cluster5: LocalCluster, ledger: Written) -> None:
+    r = bk("ledger", "read", str(ledger.ledger_id), "--from", "0", "--to", str(len(PAYLOADS) + 5),
+           uri=cluster5.metadata_uri)
+    assert_one_line_error(r)
+
+
+def test_ledgers_list_includes_the_ledger(cluster5: LocalCluster, ledger: Written) -> None:
+    r = bk("ledgers", "list", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    ids = [int(line) for line in r.out.split()]
+    assert ledger.ledger_id in ids
+    assert len(ids) == len(set(ids))
+
+
+def test_ledger_delete_removes_the_ledger(cluster5: LocalCluster) -> None:
+    async def write() -> int:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as client:
+            lh = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            for p in PAYLOADS[:3]:
+                await lh.add_entry(p)
+            await lh.close()
+            return lh.ledger_id
+    lid = run(write())
+    uri = cluster5.metadata_uri
+    assert lid in [int(x) for x in bk("ledgers", "list", uri=uri).out.split()]
+
+    r = bk("ledger", "delete", str(lid), uri=uri)
+    assert_ok(r)
+    assert lid not in [int(x) for x in bk("ledgers", "list", uri=uri).out.split()]
+    assert lid not in run(_ledger_ids(uri))
+
+    line = assert_one_line_error(bk("ledger", "metadata", str(lid), uri=uri))
+    assert str(lid) in line
+    assert_one_line_error(bk("ledger", "read", str(lid), uri=uri))
+    assert_one_line_error(bk("ledger", "delete", str(lid), uri=uri))
+
+
+# -- errors -------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["ledgers", "list"], ["bookies", "list", "--json"], ["ledger", "metadata", "1"],
+                                  ["simpletest"]], ids=lambda a: "-".join(a))
+def test_missing_metadata_uri_is_one_clear_line(argv: list[str]) -> None:
+    r = bk(*argv)
+    line = assert_one_line_error(r, mentions="metadata")
+    assert "BK_METADATA_URI" in line or "--metadata-uri" in line, line
+    assert r.stdout == b""
+
+
+def test_malformed_metadata_uri_is_one_clear_line() -> None:
+    r = bk("ledgers", "list", uri="http://127.0.0.1:2181/ledgers")
+    assert_one_line_error(r, mentions="uri")
+
+
+def test_verbose_flag_is_accepted_and_output_unchanged(cluster5: LocalCluster, ledger: Written) -> None:
+    quiet = bk("ledger", "metadata", str(ledger.ledger_id), uri=cluster5.metadata_uri)
+    loud = bk("-v", "ledger", "metadata", str(ledger.ledger_id), uri=cluster5.metadata_uri)
+    assert loud.returncode == 0, str(loud)
+    assert json.loads(loud.out) == json.loads(quiet.out)
+
+
+@pytest.mark.parametrize("uri", ["[zk://127.0.0.1:2181]/ledgers", "127.0.0.1:2181/ledgers[/zk]"],
+                         ids=["bracketed-placeholder", "closing-bracket-tag"])
+def test_bad_metadata_uri_is_echoed_verbatim_in_one_line(uri: str) -> None:
+    """The error names the URI exactly as given (square brackets are text, not markup)."""
+    line = assert_one_line_error(bk("ledgers", "list", uri=uri))
+    assert uri in line, line
+
+
+def test_out_of_range_ledger_id_is_one_line_error(cluster5: LocalCluster) -> None:
+    assert_one_line_error(bk("ledger", "metadata", str(10**12), uri=cluster5.metadata_uri))
+
+
+def test_ledger_read_of_password_protected_crc_ledger_needs_no_password(cluster5: LocalCluster) -> None:
+    """An admin read of a CRC32C ledger works without its password; a wrong --password is refused."""
+    async def write() -> int:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as c:
+            lh = await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw")
+            for i in range(3):
+                await lh.add_entry(b"p%d" % i)
+            await lh.close()
+            return lh.ledger_id
+    lid = run(write())
+    r = bk("ledger", "read", str(lid), uri=cluster5.metadata_uri)
+    assert_ok(r)
+    assert r.out.splitlines() == ["0\tp0", "1\tp1", "2\tp2"]
+    assert_one_line_error(bk("ledger", "read", str(lid), "--password", "nope", uri=cluster5.metadata_uri),
+                          mentions="UnauthorizedError")
+    assert_ok(bk("ledger", "read", str(lid), "--password", "pw", uri=cluster5.metadata_uri))
