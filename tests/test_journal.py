@@ -743,3 +743,27 @@ def test_journal_failure_after_success_keeps_durable_items(tmp_path: Path) -> No
     assert sink.durable_items == [0]
     assert sink.failed_items == [1, 2, 3, 4]
     assert all(err.errno == errno.ENOSPC for _, err in sink.failed)
+
+
+def test_make_syncer_falls_back_to_thread_when_io_uring_is_unavailable(monkeypatch, caplog) -> None:
+    """Where io_uring cannot be set up (old kernel, seccomp), the thread syncer takes over, logged once."""
+    import logging
+
+    from bookkeeper.bookie.journal import syncer as syncer_mod
+
+    def refuse(*_a, **_k):
+        raise OSError(38, "io_uring_setup: Function not implemented")
+
+    monkeypatch.setattr(syncer_mod.UringSyncer, "__init__", refuse)
+    loop = uvloop.new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING, logger=syncer_mod.__name__):
+            s = syncer_mod.make_syncer("io_uring", loop)
+        assert s.kind == "thread"
+        assert sum("falls back to thread" in r.message for r in caplog.records) == 1
+        s.close()
+        real = syncer_mod.make_syncer("thread", loop)
+        assert real.kind == "thread"
+        real.close()
+    finally:
+        loop.close()
