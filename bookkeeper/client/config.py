@@ -1,0 +1,39 @@
+"""Client configuration: one frozen, validated dataclass (keyword arguments of connect).
+
+Names follow Apache BookKeeper's ClientConfiguration in Python form, units last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bookkeeper.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Timeouts, bounds and policies of one BookKeeper client."""
+
+    add_timeout_s: float = 10.0             # a bookie that does not answer an add in time is replaced
+    read_timeout_s: float = 10.0            # per request; the read then tries another replica
+    speculative_read_timeout_ms: int = 100  # ask the next replica if the first is this slow
+    slow_bookie_penalty_s: float = 30.0     # a bookie that erred or timed out is tried last this long
+    max_outstanding_adds: int = 20_000      # per ledger: add_entry waits, add_entry_async refuses
+    read_window: int = 512                  # entries in flight per range read
+    long_poll_timeout_ms: int = 2_000       # tail: how long a bookie holds a long-poll read
+    placement: str = "rack_aware"           # or "random"
+    placement_strict: bool = False          # rack_aware: fail instead of degrading when racks are too few
+    zk_session_timeout_ms: int = 10_000
+
+    def validate(self) -> ClientConfig:
+        for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.speculative_read_timeout_ms < 0:
+            raise ConfigError("speculative_read_timeout_ms must be >= 0 (0: off)")
+        if self.max_outstanding_adds < 1 or self.read_window < 1:
+            raise ConfigError("max_outstanding_adds and read_window must be >= 1")
+        if self.long_poll_timeout_ms < 1:
+            raise ConfigError("long_poll_timeout_ms must be >= 1")
+        if self.placement not in ("rack_aware", "random"):
+            raise ConfigError(f"placement must be 'rack_aware' or 'random', got {self.placement!r}")
+        return self
