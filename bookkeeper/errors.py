@@ -109,6 +109,13 @@ class MetadataVersionError(BKError):
     retriable = True
 
 
+class TooManyOutstandingAddsError(BKError):
+    """add_entry_async at the max_outstanding_adds bound (await add_entry waits for room instead)."""
+
+    code = 25
+    retriable = True
+
+
 class LedgerExistsError(BKError):
     """A ledger with that id already exists."""
 

@@ -74,7 +74,8 @@ class WriteHandle(ReadHandle):
     """Blocking view of a write handle."""
 
     def add_entry(self, data: bytes) -> int:
-        return self.add_entry_async(data).result()
+        """Add and wait for the acknowledgement (waits for room at the outstanding bound)."""
+        return self._lt.call(self._h.add_entry(data))  # type: ignore[attr-defined]
 
     def add_entry_async(self, data: bytes) -> concurrent.futures.Future[int]:
         out: concurrent.futures.Future[int] = concurrent.futures.Future()

@@ -82,10 +82,10 @@ class ShardConnection:
         self._flush()
 
     def request(self, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes, aux: int,
-                payload: bytes, callback: Callback) -> None:
+                payload: bytes, callback: Callback, timeout_s: float | None = None) -> None:
         """Queue one request; callback runs on the loop with the response or an error."""
         req_id = next(self._ids)
-        self._pending[req_id] = (callback, time.monotonic() + self.timeout_s)
+        self._pending[req_id] = (callback, time.monotonic() + (timeout_s or self.timeout_s))
         self._outbox.append(encode_request(op, flags, req_id, ledger_id, entry_id, key, aux, payload))
         if self.connected:
             if not self._flush_scheduled:
@@ -128,7 +128,7 @@ class ShardConnection:
         late = [rid for rid, (_, deadline) in self._pending.items() if deadline < now]
         for rid in late:
             cb, _ = self._pending.pop(rid)
-            cb(None, TimeoutError(f"request to {self.host}:{self.port} timed out after {self.timeout_s}s"))
+            cb(None, TimeoutError(f"request to {self.host}:{self.port} timed out"))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -166,17 +166,17 @@ class BookieClientPool:
         return conn
 
     def send(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
-             aux: int, payload: bytes, callback: Callback) -> None:
+             aux: int, payload: bytes, callback: Callback, timeout_s: float | None = None) -> None:
         """Route one request; an unresolvable bookie fails through the callback, like any other error."""
         try:
             conn = self.connection(bookie_id, ledger_id)
         except BKError as e:
             asyncio.get_running_loop().call_soon(callback, None, e)
             return
-        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback)
+        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, timeout_s)
 
     async def call(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
-                   aux: int = 0, payload: bytes = b"") -> tuple:
+                   aux: int = 0, payload: bytes = b"", timeout_s: float | None = None) -> tuple:
         """One request as a coroutine: the response tuple, or raises its error."""
         fut: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
 
@@ -187,12 +187,12 @@ class BookieClientPool:
                 fut.set_exception(err)
             else:
                 fut.set_result(resp)  # type: ignore[arg-type]
-        self.send(bookie_id, op, flags, ledger_id, entry_id, key, aux, payload, done)
+        self.send(bookie_id, op, flags, ledger_id, entry_id, key, aux, payload, done, timeout_s)
         return await fut
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)
             now = time.monotonic()
             for conn in list(self._conns.values()):
                 conn.expire(now)
@@ -204,3 +204,29 @@ class BookieClientPool:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+
+
+class BookieHealth:
+    """Which bookies erred or timed out lately: reads try them last for a while (client loop only)."""
+
+    def __init__(self, penalty_s: float) -> None:
+        self.penalty_s = penalty_s
+        self._until: dict[str, float] = {}
+
+    def penalize(self, bookie_id: str) -> None:
+        self._until[bookie_id] = time.monotonic() + self.penalty_s
+
+    def is_slow(self, bookie_id: str) -> bool:
+        until = self._until.get(bookie_id)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[bookie_id]
+            return False
+        return True
+
+    def order(self, replicas: list[str]) -> list[str]:
+        """Replicas in write-set order, penalized ones moved last (stable)."""
+        if not self._until:
+            return replicas
+        return sorted(replicas, key=self.is_slow)

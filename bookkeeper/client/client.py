@@ -6,12 +6,17 @@ default executor so a slow ZooKeeper never stalls adds in flight on the loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import logging
 import random
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from bookkeeper.client.bookie_client import BookieClientPool
+from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth
+from bookkeeper.client.config import ClientConfig
+from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
 from bookkeeper.errors import BKError, NotEnoughBookiesError, UnauthorizedError
@@ -19,26 +24,43 @@ from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, password
 from bookkeeper.meta.zk import ZkMetadataStore
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class BookKeeper:
     """Client of one BookKeeper cluster (asyncio). Create with `await BookKeeper.connect(uri)`."""
 
-    def __init__(self, store: ZkMetadataStore, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, store: ZkMetadataStore, config: ClientConfig | None = None, *,
+                 seed: int | None = None) -> None:
         self.store = store
-        self.pool = BookieClientPool(self._resolve, timeout_s=timeout_s)
+        self.config = (config or ClientConfig()).validate()
+        self.pool = BookieClientPool(self._resolve, timeout_s=max(self.config.add_timeout_s,
+                                                                  self.config.read_timeout_s))
+        self.health = BookieHealth(self.config.slow_bookie_penalty_s)
+        self.stats: dict[str, int] = defaultdict(int)
+        self._rng = random.Random(seed)
         self._bookies: dict[str, dict[str, Any]] = {}
+        self._writable: list[str] = []
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def connect(cls, metadata_uri: str, *, timeout_s: float = 30.0,
-                      zk_session_timeout_ms: int = 10_000) -> BookKeeper:
+    async def connect(cls, metadata_uri: str, *, seed: int | None = None, **config: Any) -> BookKeeper:
+        """Connect to the cluster whose metadata lives at metadata_uri.
+
+        Keyword arguments are ClientConfig fields (add_timeout_s, speculative_read_timeout_ms, ...).
+        """
+        cfg = ClientConfig(**config).validate()
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
-            None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=zk_session_timeout_ms))
-        bk = cls(store, timeout_s=timeout_s)
+            None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms))
+        bk = cls(store, cfg, seed=seed)
         await bk.refresh_bookies()
         return bk
+
+    def with_config(self, **changes: Any) -> ClientConfig:
+        """Change client settings in place (tests and tools); returns the new config."""
+        self.config = dataclasses.replace(self.config, **changes).validate()
+        return self.config
 
     async def __aenter__(self) -> BookKeeper:
         return self
@@ -64,6 +86,40 @@ class BookKeeper:
 
     def _resolve(self, bookie_id: str) -> dict[str, Any] | None:
         return self._bookies.get(bookie_id)
+
+    def _racks(self, ids: list[str]) -> dict[str, str]:
+        return {b: self._bookies.get(b, {}).get("rack", "/default-rack") for b in ids}
+
+    def _place(self, ensemble: int, write_quorum: int) -> list[str]:
+        """A new ensemble under the placement policy; says so (or refuses) when racks are too few."""
+        rack_aware = self.config.placement == "rack_aware"
+        p = choose_ensemble(self._racks(self._writable), ensemble_size=ensemble, write_quorum=write_quorum,
+                            rng=self._rng, rack_aware=rack_aware)
+        if rack_aware and not p.rack_aware:
+            if self.config.placement_strict:
+                raise NotEnoughBookiesError(f"placement: {p.reason}")
+            self.stats["placement_degraded"] += 1
+            log.warning("placement degraded: %s", p.reason)
+        return p.ensemble
+
+    async def replacement_ensemble(self, md: LedgerMetadata, slots: list[int], exclude: set[str]) -> list[str]:
+        """The last ensemble with each failed slot replaced, keeping the placement rule where possible."""
+        await self.refresh_bookies()
+        ensemble = list(md.last_ensemble)
+        racks = self._racks(self._writable)
+        for slot in slots:
+            bookie, kept = choose_replacement(ensemble, slot, racks, write_quorum=md.write_quorum,
+                                              exclude=exclude, rng=self._rng,
+                                              rack_aware=self.config.placement == "rack_aware")
+            if bookie is None:
+                raise NotEnoughBookiesError(f"no writable bookie left to replace {ensemble[slot]}")
+            if self.config.placement == "rack_aware" and not kept:
+                if self.config.placement_strict:
+                    raise NotEnoughBookiesError(f"placement: no replacement for {ensemble[slot]} on a distinct rack")
+                self.stats["placement_degraded"] += 1
+                log.warning("placement degraded: replacement %s shares a rack with a neighbour", bookie)
+            ensemble[slot] = bookie
+        return ensemble
 
     @staticmethod
     def master_key(password: bytes) -> bytes:
@@ -94,7 +150,7 @@ class BookKeeper:
         if len(self._writable) < ensemble:
             raise NotEnoughBookiesError(f"ensemble of {ensemble} needs {ensemble} writable bookies, "
                                         f"{len(self._writable)} registered")
-        chosen = random.sample(self._writable, ensemble)
+        chosen = self._place(ensemble, write_quorum)
         ledger_id = await self._run(self.store.allocate_ledger_id)
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
                             ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=password_digest(password),

@@ -3,9 +3,14 @@
 Lives in: the client's event loop.
 
 WriteHandle: pipelined adds striped over the ensemble, acknowledged in id order
-after Qa durable responses; the LAC rides on every add. ReadHandle: reads from
-each entry's write set, trying the next replica on error; every entry's digest is
-verified before it is returned.
+after Qa durable responses; the LAC rides on every add. A bookie that fails or
+times out is replaced (ensemble change: a new metadata segment from LAC + 1,
+compare-and-set), and the unacknowledged entries are resent to its replacement:
+the application sees latency, not an error. Outstanding adds are bounded.
+
+ReadHandle: every entry is read from its write set, penalized bookies last, with a
+speculative request to the next replica after a delay; the first copy that passes
+its digest wins. Tailing waits on bookies with long-poll reads.
 """
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from bookkeeper.errors import (
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
     TooLargeError,
+    TooManyOutstandingAddsError,
 )
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
@@ -35,8 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READ_WINDOW = 512        # entries in flight per read() call
-LONG_POLL_MS = 10_000
+ReadResult = tuple[bytes, int, int]  # data, lac piggybacked, ledger length after the entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,7 @@ class ReadHandle:
 
     def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, lac: int) -> None:
         self._bk = bk
+        self._loop = asyncio.get_running_loop()
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self._digest = DigestManager(metadata.ledger_id, metadata.digest, password)
@@ -72,34 +79,99 @@ class ReadHandle:
     def is_closed(self) -> bool:
         return self.metadata.is_closed
 
-    async def _read_one(self, entry_id: int, *, flags: int = 0) -> tuple[bytes, int, int]:
-        """(data, lac, length) of one entry from its write set, replica by replica."""
-        md = self.metadata
+    # -- reads -------------------------------------------------------------
+    def _read_entry(self, entry_id: int, *, flags: int = 0) -> asyncio.Future[ReadResult]:
+        """One entry from its write set: penalized replicas last, speculative retries.
+
+        The next replica is asked when the current one errs, or after the speculative
+        delay with no answer; the first copy that passes its digest wins.
+        """
+        bk, md = self._bk, self.metadata
+        cfg = bk.config
         ensemble = md.ensemble_for(entry_id)
-        last_err: BKError | None = None
-        for idx in write_set(entry_id, md.ensemble_size, md.write_quorum):
-            try:
-                resp = await self._bk.pool.call(ensemble[idx], Op.READ_ENTRY, flags, self.ledger_id,
-                                                entry_id, self._key)
-                return self._digest.verify(resp[6], entry_id)
-            except (BKError, DigestMismatchError) as e:
-                last_err = e
-        if isinstance(last_err, (NoSuchEntryError, NoSuchLedgerError)):
-            raise NoSuchEntryError(f"entry {self.ledger_id}:{entry_id} not found on its write set")
-        raise last_err or BKError("empty write set")
+        replicas = bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)])
+        fut: asyncio.Future[ReadResult] = self._loop.create_future()
+        errors: list[BKError] = []
+        state = {"next": 0, "outstanding": 0}
+        timer: list[asyncio.TimerHandle | None] = [None]
+
+        def send_next() -> bool:
+            if state["next"] >= len(replicas) or fut.done():
+                return False
+            bookie = replicas[state["next"]]
+            state["next"] += 1
+            state["outstanding"] += 1
+            bk.pool.send(bookie, Op.READ_ENTRY, flags, self.ledger_id, entry_id, self._key, 0, b"",
+                         lambda resp, err: on_response(bookie, resp, err), cfg.read_timeout_s)
+            if cfg.speculative_read_timeout_ms and state["next"] < len(replicas):
+                timer[0] = self._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, speculate)
+            return True
+
+        def speculate() -> None:
+            timer[0] = None
+            if not fut.done():
+                bk.stats["speculative_reads"] += 1
+                send_next()
+
+        def on_response(bookie: str, resp: tuple | None, err: BKError | None) -> None:
+            state["outstanding"] -= 1
+            if fut.done():
+                return
+            if err is None:
+                assert resp is not None
+                try:
+                    result = self._digest.verify(resp[6], entry_id)
+                except DigestMismatchError as e:
+                    err = e
+                else:
+                    if timer[0] is not None:
+                        timer[0].cancel()
+                    fut.set_result(result)
+                    return
+            if not isinstance(err, (NoSuchEntryError, NoSuchLedgerError)):
+                bk.health.penalize(bookie)
+            errors.append(err)
+            if timer[0] is not None:
+                timer[0].cancel()
+                timer[0] = None
+            if not send_next() and state["outstanding"] == 0:
+                if all(isinstance(e, (NoSuchEntryError, NoSuchLedgerError)) for e in errors):
+                    fut.set_exception(NoSuchEntryError(f"entry {self.ledger_id}:{entry_id} not found on its "
+                                                       f"write set"))
+                else:
+                    last = next(e for e in reversed(errors) if not isinstance(e, (NoSuchEntryError,
+                                                                                  NoSuchLedgerError)))
+                    fut.set_exception(type(last)(f"entry {self.ledger_id}:{entry_id}: every replica failed: {last}"))
+
+        send_next()
+        return fut
+
+    async def _read_one(self, entry_id: int) -> ReadResult:
+        return await self._read_entry(entry_id)
 
     async def read(self, first: int, last: int) -> list[LedgerEntry]:
-        """Entries first..last inclusive. Past the LAC of an open ledger: NoSuchEntryError."""
+        """Entries first..last inclusive (pipelined, read_window in flight).
+
+        Past the LAC of an open ledger, or past the end of a closed one: NoSuchEntryError.
+        """
         if first < 0 or last < first:
             raise BKError(f"invalid range {first}..{last}")
         lac = self.last_add_confirmed
         if last > lac:
             raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({lac}) of ledger "
                                    f"{self.ledger_id}")
+        window = self._bk.config.read_window
         out: list[LedgerEntry] = []
-        for start in range(first, last + 1, READ_WINDOW):
-            stop = min(last, start + READ_WINDOW - 1)
-            results = await asyncio.gather(*(self._read_one(e) for e in range(start, stop + 1)))
+        for start in range(first, last + 1, window):
+            stop = min(last, start + window - 1)
+            futs = [self._read_entry(e) for e in range(start, stop + 1)]
+            try:
+                results = await asyncio.gather(*futs)
+            except BaseException:
+                for f in futs:
+                    if f.done() and not f.cancelled():
+                        f.exception()  # consumed: one failure is reported, not a log line per entry
+                raise
             out.extend(LedgerEntry(e, r[0], self.ledger_id) for e, r in zip(range(start, stop + 1), results))
         return out
 
@@ -108,9 +180,10 @@ class ReadHandle:
         if self.metadata.is_closed:
             return self._lac
         ensemble = self.metadata.last_ensemble
+        timeout = self._bk.config.read_timeout_s
         results = await asyncio.gather(
-            *(self._bk.pool.call(b, Op.READ_LAC, 0, self.ledger_id, -1, self._key) for b in ensemble),
-            return_exceptions=True)
+            *(self._bk.pool.call(b, Op.READ_LAC, 0, self.ledger_id, -1, self._key, timeout_s=timeout)
+              for b in ensemble), return_exceptions=True)
         lacs = [r[5] for r in results if isinstance(r, tuple)]
         if not lacs:
             if all(isinstance(r, NoSuchLedgerError) for r in results):
@@ -119,38 +192,55 @@ class ReadHandle:
         self._lac = max(self._lac, max(lacs))
         return self._lac
 
+    # -- tailing -----------------------------------------------------------
     async def tail(self, start: int = 0) -> AsyncIterator[LedgerEntry]:
-        """Entries from start on, following the writer (long-poll) until the ledger is closed."""
+        """Entries from start on as they are acknowledged, until the ledger is closed.
+
+        At the head, a long-poll read waits on a bookie of the next entry's write set
+        until that bookie's LAC covers the entry (no busy polling); metadata is read only
+        when a long poll comes back empty, to learn whether the ledger was closed.
+        """
         nxt = start
         while True:
-            if nxt <= self._lac:
-                for entry in await self.read(nxt, self._lac):
+            if nxt <= self.last_add_confirmed:
+                last = min(self.last_add_confirmed, nxt + self._bk.config.read_window - 1)
+                for entry in await self.read(nxt, last):
                     yield entry
-                nxt = self._lac + 1
+                nxt = last + 1
                 continue
-            md = await self._bk._read_metadata(self.ledger_id)
-            self.metadata = md
-            if md.is_closed:
-                self._lac = md.last_entry_id
-                if nxt > self._lac:
-                    return
-                continue
+            if self.metadata.is_closed:
+                return
             try:
-                data, lac, _ = await self._long_poll(nxt)
-            except (NoSuchEntryError, BKError):
-                await self.read_last_add_confirmed()
+                data, lac = await self._long_poll(nxt)
+            except (NoSuchEntryError, NoSuchLedgerError, BKError):
+                md = await self._bk._read_metadata(self.ledger_id)
+                self.metadata = md
+                if md.is_closed:
+                    self._lac = md.last_entry_id
+                    self._length = md.length
+                else:
+                    await self.read_last_add_confirmed()
                 continue
             self._lac = max(self._lac, lac, nxt)
             yield LedgerEntry(nxt, data, self.ledger_id)
             nxt += 1
 
-    async def _long_poll(self, entry_id: int) -> tuple[bytes, int, int]:
-        """Wait on the first bookie of the write set for entry_id (no busy polling)."""
-        ensemble = self.metadata.ensemble_for(entry_id)
-        bookie = ensemble[write_set(entry_id, self.metadata.ensemble_size, self.metadata.write_quorum)[0]]
-        resp = await self._bk.pool.call(bookie, Op.READ_ENTRY, Flag.LONG_POLL, self.ledger_id, entry_id,
-                                        self._key, LONG_POLL_MS)
-        return self._digest.verify(resp[6], entry_id)
+    async def _long_poll(self, entry_id: int) -> tuple[bytes, int]:
+        """Wait on one replica of entry_id until its LAC covers the entry; (data, lac)."""
+        md = self.metadata
+        ensemble = md.ensemble_for(entry_id)
+        replicas = self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size,
+                                                                         md.write_quorum)])
+        wait_ms = self._bk.config.long_poll_timeout_ms
+        try:
+            resp = await self._bk.pool.call(replicas[0], Op.READ_ENTRY, Flag.LONG_POLL, self.ledger_id, entry_id,
+                                            self._key, wait_ms, timeout_s=wait_ms / 1000.0 + self._bk.config.read_timeout_s)
+        except BKError as e:
+            if not isinstance(e, (NoSuchEntryError, NoSuchLedgerError)):
+                self._bk.health.penalize(replicas[0])
+            raise
+        data, _, _ = self._digest.verify(resp[6], entry_id)
+        return data, resp[5]
 
     async def close(self) -> None:
         """Nothing to release for a read handle."""
@@ -167,9 +257,12 @@ class WriteHandle(ReadHandle):
         self._sent_length = 0  # ledger length after the last entry sent: each entry's length field
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
         self._futures: dict[int, asyncio.Future[int]] = {}
+        self._payloads: dict[int, bytes] = {}
         self._error: BKError | None = None
         self._closing = False
-        self._loop = asyncio.get_running_loop()
+        self._failed_bookies: set[str] = set()
+        self._changing: asyncio.Task[None] | None = None
+        self._room: asyncio.Future[None] | None = None
 
     @property
     def last_add_confirmed(self) -> int:
@@ -179,14 +272,26 @@ class WriteHandle(ReadHandle):
     def length(self) -> int:
         return self._tracker.length
 
+    @property
+    def outstanding(self) -> int:
+        return self._tracker.outstanding
+
+    # -- adds --------------------------------------------------------------
     def add_entry_async(self, data: bytes) -> asyncio.Future[int]:
-        """Send an entry now; the future resolves to its id once acknowledged (in id order)."""
+        """Send an entry now; the future resolves to its id once acknowledged (in id order).
+
+        Raises TooManyOutstandingAddsError at the max_outstanding_adds bound: use
+        `await add_entry(...)`, which waits for room, to be paced instead.
+        """
         if self._closing or self.metadata.is_closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if self._error is not None:
             raise type(self._error)(str(self._error))
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"entry data must be bytes, not {type(data).__name__}")
+        if self._tracker.outstanding >= self._bk.config.max_outstanding_adds:
+            raise TooManyOutstandingAddsError(f"ledger {self.ledger_id}: {self._tracker.outstanding} adds "
+                                              f"outstanding (max_outstanding_adds)")
         data = bytes(data)
         if len(data) + self._frame_overhead > self._bk.pool.max_frame_bytes:
             raise TooLargeError(f"entry of {len(data)} bytes does not fit the {self._bk.pool.max_frame_bytes}-byte "
@@ -198,28 +303,91 @@ class WriteHandle(ReadHandle):
         ws = self._tracker.add(entry_id, len(data))
         self._sent_length += len(data)
         payload = self._digest.encode(entry_id, self._tracker.lac, self._sent_length, data)
+        self._payloads[entry_id] = payload
         ensemble = self.metadata.ensemble_for(entry_id)
         for idx in ws:
-            self._bk.pool.send(ensemble[idx], Op.ADD_ENTRY, 0, self.ledger_id, entry_id, self._key, 0, payload,
-                               lambda resp, err, e=entry_id, i=idx: self._on_add_response(e, i, err))
+            self._send_add(entry_id, idx, ensemble[idx], payload)
         return fut
 
     async def add_entry(self, data: bytes) -> int:
-        """Add one entry and wait for its acknowledgement; returns its id."""
+        """Add one entry and wait for its acknowledgement; waits for room at the outstanding bound."""
+        while self._tracker.outstanding >= self._bk.config.max_outstanding_adds and self._error is None:
+            if self._room is None or self._room.done():
+                self._room = self._loop.create_future()
+            await asyncio.shield(self._room)
         return await self.add_entry_async(data)
 
-    def _on_add_response(self, entry_id: int, idx: int, err: BKError | None) -> None:
+    def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
+        self._bk.pool.send(bookie, Op.ADD_ENTRY, 0, self.ledger_id, entry_id, self._key, 0, payload,
+                           lambda resp, err: self._on_add_response(entry_id, idx, bookie, err),
+                           self._bk.config.add_timeout_s)
+
+    def _on_add_response(self, entry_id: int, idx: int, bookie: str, err: BKError | None) -> None:
+        if entry_id not in self._futures or self.metadata.ensemble_for(entry_id)[idx] != bookie:
+            return  # already settled, or from a bookie replaced since
         if err is None:
             for eid, _length in self._tracker.ack(entry_id, idx):
                 fut = self._futures.pop(eid)
+                self._payloads.pop(eid, None)
                 if not fut.done():
                     fut.set_result(eid)
+            if self._room is not None and not self._room.done() and \
+                    self._tracker.outstanding < self._bk.config.max_outstanding_adds:
+                self._room.set_result(None)
             return
         if isinstance(err, LedgerFencedError):
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced: a recovery open took it over"))
-        elif entry_id in self._futures and self._tracker.fail(entry_id, idx):
-            self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} cannot reach the ack "
-                                 f"quorum: {err}"))
+        elif err.retriable:
+            self._tracker.fail(entry_id, idx)
+            self._bk.health.penalize(bookie)
+            if bookie not in self._failed_bookies:
+                log.info("ledger %d: bookie %s failed on entry %d (%s): replacing it", self.ledger_id, bookie,
+                         entry_id, err)
+            self._failed_bookies.add(bookie)
+            if self._changing is None or self._changing.done():
+                self._changing = self._loop.create_task(self._change_ensemble())
+        else:
+            self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
+
+    async def _change_ensemble(self) -> None:
+        """Replace failed bookies of the last ensemble: new segment from LAC + 1, then resend."""
+        try:
+            while self._error is None:
+                md = self.metadata
+                current = md.last_ensemble
+                failed = [i for i, b in enumerate(current) if b in self._failed_bookies]
+                if not failed:
+                    return
+                start = self._tracker.lac + 1
+                new_ensemble = await self._bk.replacement_ensemble(md, failed, self._failed_bookies)
+                segments = dict(md.ensembles)
+                if max(segments) >= start:  # an earlier change at this same entry: replace it
+                    for k in [k for k in segments if k >= start]:
+                        del segments[k]
+                segments[start] = new_ensemble
+                try:
+                    self.metadata = await self._bk._write_metadata(md.replace(ensembles=segments))
+                except MetadataVersionError:
+                    fresh = await self._bk._read_metadata(self.ledger_id)
+                    if fresh.state is not LedgerState.OPEN:
+                        self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced during an ensemble "
+                                                     f"change: a recovery open took it over"))
+                        return
+                    self.metadata = fresh
+                    continue
+                self._bk.stats["ensemble_changes"] += 1
+                log.info("ledger %d: ensemble changed from entry %d: %s -> %s", self.ledger_id, start, current,
+                         new_ensemble)
+                for eid in self._tracker.pending_ids():
+                    ensemble = self.metadata.ensemble_for(eid)
+                    for idx in write_set(eid, md.ensemble_size, md.write_quorum):
+                        if current[idx] != new_ensemble[idx] and eid >= start:
+                            self._tracker.reset(eid, idx)
+                            self._send_add(eid, idx, ensemble[idx], self._payloads[eid])
+        except NotEnoughBookiesError as e:
+            self._fail(NotEnoughBookiesError(f"ledger {self.ledger_id}: no replacement bookie: {e}"))
+        except BKError as e:
+            self._fail(type(e)(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
 
     def _fail(self, err: BKError) -> None:
         """The handle is broken: every outstanding and future add fails with err."""
@@ -227,8 +395,11 @@ class WriteHandle(ReadHandle):
             self._error = err
         for eid in self._tracker.drop_all():
             fut = self._futures.pop(eid, None)
+            self._payloads.pop(eid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
 
     async def close(self) -> None:
         """Wait for outstanding adds, then close the metadata at the LAC (compare-and-set)."""
@@ -237,6 +408,8 @@ class WriteHandle(ReadHandle):
         self._closing = True
         if self._futures:
             await asyncio.gather(*self._futures.values(), return_exceptions=True)
+        if self._changing is not None:
+            await asyncio.gather(self._changing, return_exceptions=True)
         lac, length = self._tracker.lac, self._tracker.length
         md = self.metadata
         while True:
@@ -257,8 +430,29 @@ class WriteHandle(ReadHandle):
                     raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
         self._lac = lac
         self._length = length
-        if self._error is not None and not isinstance(self._error, LedgerFencedError):
-            log.warning("ledger %d closed at %d after an add failure: %s", self.ledger_id, lac, self._error)
+
+
+# -- recovery -------------------------------------------------------------------
+async def _first_decisive(futs: list[asyncio.Future], decided) -> list:  # noqa: ANN001
+    """Wait until decided(results so far) is true or every future is done; results by index.
+
+    Why: a hung bookie must not hold recovery back once the answers in hand settle it.
+    """
+    results: list = [None] * len(futs)
+    pending = set(range(len(futs)))
+    index = {f: i for i, f in enumerate(futs)}
+    waiting = set(futs)
+    while waiting:
+        done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        for f in done:
+            i = index[f]
+            pending.discard(i)
+            results[i] = f.exception() or f.result()
+        if decided(results, pending):
+            break
+    for f in waiting:
+        f.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return results
 
 
 async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> LedgerMetadata:
@@ -268,7 +462,10 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
     set has fewer than Qa unfenced bookies; 3. from the highest LAC seen, recovery-read
     forward: an entry found is rewritten to its whole write set, an entry that Qw-Qa+1
     bookies deny ends the ledger; 4. close the metadata (CAS) at the last entry found.
+    Concurrent recoveries converge: a CAS conflict re-reads, and a closed ledger is final.
+    Why safe: docs/architecture.md, "Recovery".
     """
+    timeout = bk.config.read_timeout_s
     while md.state is not LedgerState.CLOSED:
         if md.state is LedgerState.OPEN:
             try:
@@ -279,11 +476,15 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         handle = ReadHandle(bk, md, password, -1)
         key, e, qw, qa = handle._key, md.ensemble_size, md.write_quorum, md.ack_quorum
         ensemble = md.last_ensemble
-        results = await asyncio.gather(
-            *(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key) for b in ensemble),
-            return_exceptions=True)
-        fenced = {i for i, r in enumerate(results) if isinstance(r, tuple)}
-        if not fence_covered(fenced, ensemble_size=e, write_quorum=qw, ack_quorum=qa):
+        futs = [asyncio.ensure_future(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key,
+                                                   timeout_s=timeout)) for b in ensemble]
+
+        def covered(results: list, pending: set[int]) -> bool:
+            ok = {i for i, r in enumerate(results) if isinstance(r, tuple)}
+            return fence_covered(ok, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
+
+        results = await _first_decisive(futs, covered)
+        if not covered(results, set()):
             errs = [r for r in results if isinstance(r, BaseException)]
             raise BKError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
         lac = max([r[5] for r in results if isinstance(r, tuple)] + [-1])
@@ -311,19 +512,27 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> t
     md = handle.metadata
     ensemble = md.ensemble_for(entry_id)
     ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
-    results = await asyncio.gather(
-        *(bk.pool.call(ensemble[i], Op.READ_ENTRY, Flag.FENCE, md.ledger_id, entry_id, handle._key) for i in ws),
-        return_exceptions=True)
-    denied = 0
-    for r in results:
-        if isinstance(r, tuple):
-            try:
-                _, _, length = handle._digest.verify(r[6], entry_id)
-                return r[6], length
-            except DigestMismatchError:
-                continue
-        if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)):
-            denied += 1
+    futs = [asyncio.ensure_future(bk.pool.call(ensemble[i], Op.READ_ENTRY, Flag.FENCE, md.ledger_id, entry_id,
+                                               handle._key, timeout_s=bk.config.read_timeout_s)) for i in ws]
+    verified: dict[int, tuple[bytes, int]] = {}
+
+    def check(results: list, pending: set[int]) -> bool:
+        denied = 0
+        for i, r in enumerate(results):
+            if isinstance(r, tuple) and i not in verified:
+                try:
+                    verified[i] = (r[6], handle._digest.verify(r[6], entry_id)[2])
+                except DigestMismatchError:
+                    results[i] = DigestMismatchError("bad copy")
+            if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)):
+                denied += 1
+        return bool(verified) or entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum)
+
+    results = await _first_decisive(futs, check)
+    check(results, set())
+    if verified:
+        return next(iter(verified.values()))
+    denied = sum(1 for r in results if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)))
     if entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum):
         return None
     raise BKError(f"recovery of ledger {md.ledger_id}: entry {entry_id} is neither readable nor denied by "
@@ -331,11 +540,12 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> t
 
 
 async def _rewrite(bk: BookKeeper, md: LedgerMetadata, key: bytes, entry_id: int, payload: bytes) -> None:
-    """Recovery add of an entry to its whole write set; waits for Qa acknowledgements."""
+    """Recovery add of an entry to its whole write set; done once Qa have acknowledged."""
     ensemble = md.ensemble_for(entry_id)
     ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
-    results = await asyncio.gather(
-        *(bk.pool.call(ensemble[i], Op.ADD_ENTRY, Flag.RECOVERY_ADD, md.ledger_id, entry_id, key, 0, payload)
-          for i in ws), return_exceptions=True)
+    futs = [asyncio.ensure_future(bk.pool.call(ensemble[i], Op.ADD_ENTRY, Flag.RECOVERY_ADD, md.ledger_id,
+                                               entry_id, key, 0, payload, timeout_s=bk.config.add_timeout_s))
+            for i in ws]
+    results = await _first_decisive(futs, lambda rs, _p: sum(isinstance(r, tuple) for r in rs) >= md.ack_quorum)
     if sum(1 for r in results if isinstance(r, tuple)) < md.ack_quorum:
         raise BKError(f"recovery of ledger {md.ledger_id}: rewrite of entry {entry_id} failed: {results}")

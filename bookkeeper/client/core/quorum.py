@@ -76,6 +76,17 @@ class AddTracker:
         p.failed.add(bookie_index)
         return len(p.write_set) - len(p.failed) < self.qa
 
+    def pending_ids(self) -> list[int]:
+        """Outstanding entry ids in order."""
+        return sorted(self._pending)
+
+    def reset(self, entry_id: int, bookie_index: int) -> None:
+        """The bookie at this ensemble slot was replaced: its ack or failure no longer counts."""
+        p = self._pending.get(entry_id)
+        if p is not None:
+            p.acked.discard(bookie_index)
+            p.failed.discard(bookie_index)
+
     def drop_all(self) -> list[int]:
         """Forget every outstanding entry (the handle failed); returns their ids in order."""
         ids = sorted(self._pending)
