@@ -96,6 +96,9 @@ class BookieConfig:
             raise ConfigError(f"journal_sync must be 'io_uring' or 'thread', got {self.journal_sync!r}")
         if not self.ledger_dirs:
             raise ConfigError("ledger_dirs must list at least one directory")
+        for name in ("checkpoint_interval_s", "gc_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.http_port < 65536:
             raise ConfigError(f"http_port must be in 0..65535 (0: off), got {self.http_port}")
         if self.max_frame_bytes < 1024:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -166,3 +167,93 @@ def test_bookie_stops_gracefully_when_zookeeper_is_gone(make_cluster) -> None:
     assert rc == 0
     assert b.shard_pids() == []
     assert (b.dir / "bookie.log").read_text().count("stopped") >= 2
+
+
+def test_second_copy_of_a_running_bookie_refuses_to_start(make_cluster) -> None:
+    """The directories are locked for the bookie's life: a second copy must not replay and trim
+    the journal under the running one."""
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    b = cluster.bookies[0]
+    proc = _run_bookie_once(b.conf_path)
+    assert proc.returncode != 0 and "in use by another running bookie" in proc.stderr
+    assert cluster.registrations()[b.bookie_id]["pid"] == b.pid
+
+
+def test_shards_die_with_a_killed_supervisor_and_the_bookie_restarts_clean(make_cluster) -> None:
+    """kill -9 of the supervisor alone takes its shards down (PR_SET_PDEATHSIG); the restarted
+    bookie serves every acknowledged entry."""
+    from bookkeeper import BookKeeper
+    from tests.conftest import run
+
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2, bookie_conf={"checkpoint_interval_s": 3600.0})
+    b = cluster.bookies[0]
+
+    async def write() -> int:
+        async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+            lh = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"s")
+            for i in range(100):
+                await lh.add_entry(b"s%d" % i)
+            return lh.ledger_id
+
+    lid = run(write())
+    shards = b.shard_pids()
+    assert len(shards) == 2
+    import os
+    import signal as sig
+    assert b.proc is not None
+    os.kill(b.proc.pid, sig.SIGKILL)
+    b.proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]
+              for p in shards) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]
+                   for p in shards), "a shard outlived its supervisor"
+    b.proc = None
+    b.start()
+    cluster.wait_registered([b], timeout_s=14)
+
+    async def read() -> list[bytes]:
+        async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+            rh = await bk.open_ledger(lid, password=b"s")
+            return [e.data for e in await rh.read(0, rh.last_add_confirmed)]
+    assert run(read()) == [b"s%d" % i for i in range(100)]
+
+
+def test_first_start_interrupted_between_cookie_writes_recovers(make_cluster) -> None:
+    """Local cookies equal to the bookie's own and none in ZooKeeper: the first start stopped
+    between the two writes; the bookie completes it instead of refusing forever."""
+    from kazoo.client import KazooClient
+
+    cluster: LocalCluster = make_cluster(bookies=1, shards=1)
+    b = cluster.bookies[0]
+    b.stop()
+    zk = KazooClient(hosts=cluster.zk.connect_string)
+    zk.start(timeout=10)
+    try:
+        zk.delete(f"/ledgers/cookies/{b.bookie_id}")
+    finally:
+        zk.stop()
+        zk.close()
+    b.start()
+    cluster.wait_registered([b])
+
+
+def test_failed_checkpoint_keeps_its_entries(tmp_path) -> None:
+    """A flush that fails puts its entries back: they stay readable and the next checkpoint has them."""
+    from bookkeeper.bookie.storage import LedgerStorage
+
+    st = LedgerStorage(tmp_path / "s")
+    st.create_ledger(7, b"k" * 20)
+    for e in range(10):
+        st.put_entry(7, e, b"entry-%d" % e, e - 1)
+    snap = st.snapshot()
+    st.put_entry(7, 10, b"entry-10", 9)
+    st.flush_failed(snap)
+    assert [st.get_entry(7, e) for e in range(11)] == [b"entry-%d" % e for e in range(11)]
+    snap2 = st.snapshot()
+    assert sorted(snap2.entries) == [(7, e) for e in range(11)]
+    st.flush(snap2, (1, 4096))
+    st.flush_done()
+    assert st.write_cache == {} and [st.get_entry(7, e) for e in range(11)] == [b"entry-%d" % e for e in range(11)]
+    st.close()

@@ -119,8 +119,8 @@ class ShardServer:
         # Journal bytes queued behind the sync in flight before senders are paused.
         self.journal_queue_bytes_max = 4 * max_frame_bytes
         self.counters: dict[str, int] = defaultdict(int)
-        # (ledger, entry) -> [(conn, request_id, timer)] waiting for that entry (long poll)
-        self._waiters: dict[tuple[int, int], list[tuple[BookieProtocol, int, asyncio.TimerHandle]]] = {}
+        # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
+        self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
 
     # -- backpressure ------------------------------------------------------------
     def apply_backpressure(self, conn: BookieProtocol) -> None:
@@ -146,8 +146,8 @@ class ShardServer:
             if conn is None:
                 continue
             per_conn.setdefault(conn, []).append(resp)
-            if resp[0] == Op.ADD_ENTRY and self._waiters:
-                self._wake(resp[3], resp[4])
+            if resp[0] == Op.ADD_ENTRY and resp[3] in self._waiters:
+                self._wake(resp[3])
         for conn, responses in per_conn.items():
             conn.send_now(responses)
         self._release_backpressure()
@@ -251,13 +251,18 @@ class ShardServer:
                                 (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b"")))
             return None
         st = self.storage.ledger(ledger_id)
+        if flags & Flag.LONG_POLL and entry_id >= 0:
+            # Long poll: answer once this bookie's LAC covers the entry (an acknowledged
+            # entry, never one that recovery might still drop), or when aux ms pass.
+            if st is not None and st.lac >= entry_id:
+                data = self.storage.get_entry(ledger_id, entry_id)
+                if data is not None:
+                    return conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
+            self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
+            return None
         if st is None:
             return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
         data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
-        if data is None and flags & Flag.LONG_POLL and entry_id >= 0:
-            timeout_ms = min(aux, LONG_POLL_MAX_MS)
-            self._park(conn, req_id, ledger_id, entry_id, timeout_ms)
-            return None
         if data is None:
             return conn.respond((op, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, st.lac, b""))
         conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
@@ -282,30 +287,38 @@ class ShardServer:
 
     # -- long poll -------------------------------------------------------------
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
-        key = (ledger_id, entry_id)
+        waiters = self._waiters.setdefault(ledger_id, [])
         loop = asyncio.get_running_loop()
 
         def expire() -> None:
-            waiters = self._waiters.get(key, [])
-            for i, (c, r, _) in enumerate(waiters):
-                if c is conn and r == req_id:
-                    del waiters[i]
+            mine = self._waiters.get(ledger_id, [])
+            for i, w in enumerate(mine):
+                if w[1] is conn and w[2] == req_id:
+                    del mine[i]
                     break
-            if not waiters:
-                self._waiters.pop(key, None)
+            if not mine:
+                self._waiters.pop(ledger_id, None)
             st = self.storage.ledger(ledger_id)
-            conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id,
-                            st.lac if st else -1, b"")])
+            conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
+                            ledger_id, entry_id, st.lac if st else -1, b"")])
 
-        timer = loop.call_later(timeout_ms / 1000.0, expire)
-        self._waiters.setdefault(key, []).append((conn, req_id, timer))
+        waiters.append((entry_id, conn, req_id, loop.call_later(timeout_ms / 1000.0, expire)))
 
-    def _wake(self, ledger_id: int, entry_id: int) -> None:
-        waiters = self._waiters.pop((ledger_id, entry_id), None)
-        if not waiters:
-            return
-        data = self.storage.get_entry(ledger_id, entry_id) or b""
+    def _wake(self, ledger_id: int) -> None:
+        """Answer the long polls of a ledger whose entries the LAC now covers."""
+        waiters = self._waiters.get(ledger_id)
         st = self.storage.ledger(ledger_id)
-        for conn, req_id, timer in waiters:
+        if not waiters or st is None:
+            return
+        keep = []
+        for entry_id, conn, req_id, timer in waiters:
+            data = self.storage.get_entry(ledger_id, entry_id) if entry_id <= st.lac else None
+            if data is None:
+                keep.append((entry_id, conn, req_id, timer))
+                continue
             timer.cancel()
-            conn.send_now([(Op.READ_ENTRY, Status.OK, req_id, ledger_id, entry_id, st.lac if st else -1, data)])
+            conn.send_now([(Op.READ_ENTRY, Status.OK, req_id, ledger_id, entry_id, st.lac, data)])
+        if keep:
+            self._waiters[ledger_id] = keep
+        else:
+            del self._waiters[ledger_id]

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import fcntl
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import uvloop
 
@@ -79,8 +83,12 @@ class Shard:
     async def checkpoint(self) -> None:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
         mark = self.journal.position()
-        snap, states = self.storage.snapshot()
-        await self.loop.run_in_executor(None, self.storage.flush, snap, states, mark)
+        snap = self.storage.snapshot()
+        try:
+            await self.loop.run_in_executor(None, self.storage.flush, snap, mark)
+        except BaseException:
+            self.storage.flush_failed(snap)  # nothing lost, journal kept: the next checkpoint retries
+            raise
         self.storage.flush_done()
         self.journal.trim(mark[0])
 
@@ -150,7 +158,33 @@ class Shard:
             self.storage.delete_ledger(lid)
         if gone:
             log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
+            self.request_checkpoint()
         return len(gone)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this shard when its supervisor dies (PR_SET_PDEATHSIG): a shard never outlives
+    the supervisor that owns its directories and registration."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def lock_shard_dir(path: Path, timeout_s: float = 30.0) -> int:
+    """Exclusive lock on the shard's journal directory; waits for a dying predecessor."""
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OSError(f"shard directory {path} is locked by another process") from None
+            time.sleep(0.05)
 
 
 def pin_to_core(index: int) -> None:
@@ -163,10 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bookkeeper.bookie.shard")
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, default=0)
     args = parser.parse_args(argv)
     cfg = BookieConfig.from_dict(json.loads(args.config_json))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{args.index} %(levelname)s %(name)s: %(message)s")
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    lock_shard_dir(cfg.shard_journal_dir(args.index))
     if cfg.pin_shards:
         pin_to_core(args.index)
 

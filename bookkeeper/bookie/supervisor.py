@@ -14,11 +14,12 @@ predecessor is taken over. A shard that dies is restarted on the same port.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -53,7 +54,9 @@ def check_cookies(cfg: BookieConfig, store: ZkMetadataStore) -> None:
         f = d / COOKIE_FILE
         local[d] = json.loads(f.read_text()) if f.exists() else None
     if registered is None:
-        if any(c is not None for c in local.values()):
+        # Local cookies equal to ours and none in ZooKeeper: a first start that stopped between
+        # the two writes. Anything else local (another cluster, another id) is refused.
+        if any(c is not None and c != want for c in local.values()):
             raise CookieMismatchError(
                 f"cookie mismatch for bookie {cfg.id}: directories carry a cookie but ZooKeeper has none "
                 f"(another cluster's disks?)")
@@ -74,12 +77,23 @@ def check_cookies(cfg: BookieConfig, store: ZkMetadataStore) -> None:
                                       f"{'has no cookie (wiped?)' if c is None else 'carries a different cookie (swapped?)'}")
 
 
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+def lock_directories(cfg: BookieConfig) -> list[int]:
+    """Hold an exclusive lock on every directory for the bookie's life (released when the
+    process dies, however it dies): a second copy of a running bookie refuses to start
+    instead of replaying, and trimming, the journal under the first one."""
+    fds = []
+    for d in [Path(cfg.journal_dir), *map(Path, cfg.ledger_dirs)]:
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            for f in fds:
+                os.close(f)
+            raise BKError(f"directory {d} is in use by another running bookie") from None
+        fds.append(fd)
+    return fds
 
 
 class Supervisor:
@@ -94,20 +108,26 @@ class Supervisor:
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "bookkeeper.bookie.shard", "--index", str(index),
-               "--config-json", json.dumps(self.cfg.to_dict())]
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+               "--parent-pid", str(os.getpid()), "--config-json", json.dumps(self.cfg.to_dict())]
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
 
     def _wait_ready(self, index: int) -> None:
-        host = "127.0.0.1" if self.cfg.bind_address in ("0.0.0.0", "") else self.cfg.bind_address
-        port = self.cfg.port_of_shard(index)
+        """Until the shard itself says READY (its replay done, its port bound): a port answered
+        by some other process does not count."""
+        proc = self.procs[index]
+        assert proc.stdout is not None
         deadline = time.monotonic() + SHARD_START_TIMEOUT_S
-        while not _port_open(host, port):
-            proc = self.procs[index]
-            if proc.poll() is not None:
-                raise BKError(f"shard {index} exited with code {proc.returncode} during start")
-            if time.monotonic() > deadline:
-                raise BKError(f"shard {index} did not listen on port {port} within {SHARD_START_TIMEOUT_S}s")
-            time.sleep(0.05)
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if sel.select(timeout=0.2):
+                    line = proc.stdout.readline()
+                    if line.startswith(b"READY"):
+                        return
+                    if not line:
+                        proc.wait()
+                        raise BKError(f"shard {index} exited with code {proc.returncode} during start")
+        raise BKError(f"shard {index} was not ready within {SHARD_START_TIMEOUT_S}s")
 
     def registration(self) -> dict[str, Any]:
         return {"bookie_id": self.cfg.id, "rack": self.cfg.rack, "readonly": self.cfg.readonly,
@@ -116,6 +136,7 @@ class Supervisor:
 
     def run(self) -> int:
         cfg = self.cfg
+        locks = lock_directories(cfg)
         self.store = ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
         try:
             check_cookies(cfg, self.store)
@@ -135,6 +156,8 @@ class Supervisor:
             return 0
         finally:
             self._shutdown()
+            for fd in locks:
+                os.close(fd)
 
     def _on_zk_state(self, state: str) -> None:
         if state == "CONNECTED" and self.store is not None and not self._stop.is_set():
@@ -205,8 +228,7 @@ class Supervisor:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        host = "127.0.0.1" if self.cfg.bind_address == "0.0.0.0" else self.cfg.bind_address
-        server = make_server(host, self.cfg.http_port, app, handler_class=Quiet)
+        server = make_server(self.cfg.bind_address or "0.0.0.0", self.cfg.http_port, app, handler_class=Quiet)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 

@@ -35,6 +35,10 @@ class _ShardProtocol(asyncio.Protocol):
     def __init__(self, conn: ShardConnection) -> None:
         self.conn = conn
         self.buf = bytearray()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn._lost(exc)
@@ -44,6 +48,7 @@ class _ShardProtocol(asyncio.Protocol):
         try:
             frames, used = parse_responses(self.buf, self.conn.max_frame_bytes)
         except FrameError as e:
+            self.transport.close()  # type: ignore[union-attr]
             self.conn._lost(e)
             return
         del self.buf[:used]

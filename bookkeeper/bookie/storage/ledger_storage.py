@@ -38,6 +38,15 @@ _MARK = struct.Struct(">QQ")
 LOG_MAX_BYTES = 1 << 30
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one checkpoint flushes: entries, ledger states and ledgers to delete."""
+
+    entries: dict[tuple[int, int], bytes]
+    states: dict[int, "LedgerState"]
+    deletes: set[int]
+
+
 @dataclass(slots=True)
 class LedgerState:
     """What a shard knows of one ledger; made durable by the journal, then checkpoints."""
@@ -63,6 +72,7 @@ class LedgerStorage:
         self.write_cache: dict[tuple[int, int], bytes] = {}
         self.write_cache_bytes = 0
         self._flushing: dict[tuple[int, int], bytes] = {}
+        self._pending_deletes: set[int] = set()
         self._flush_lock = threading.Lock()
         self._readers: dict[int, int] = {}
         with self.env.begin(db=self.db_ledgers) as txn:
@@ -85,6 +95,12 @@ class LedgerStorage:
         self._log_id += 1
         self._log_fd = os.open(self._log_path(self._log_id), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self._log_fd, LOG_MAGIC)
+        os.fsync(self._log_fd)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the new file's name must survive a power loss too
+        finally:
+            os.close(dfd)
         self._log_pos = len(LOG_MAGIC)
 
     def _reader_fd(self, log_id: int) -> int:
@@ -137,19 +153,22 @@ class LedgerStorage:
         return st.last_entry if st is not None else -1
 
     # -- checkpoint ------------------------------------------------------------
-    def snapshot(self) -> tuple[dict[tuple[int, int], bytes], dict[int, LedgerState]]:
+    def snapshot(self) -> Snapshot:
         """Swap out the write cache for flushing (loop thread); reads still see it."""
-        snap = self.write_cache
-        self._flushing = snap
+        snap = Snapshot(self.write_cache,
+                        {lid: LedgerState(st.master_key, st.fenced, st.lac, st.last_entry)
+                         for lid, st in self.ledgers.items()},
+                        self._pending_deletes)
+        self._flushing = snap.entries
         self.write_cache = {}
         self.write_cache_bytes = 0
-        states = {lid: LedgerState(st.master_key, st.fenced, st.lac, st.last_entry)
-                  for lid, st in self.ledgers.items()}
-        return snap, states
+        self._pending_deletes = set()
+        return snap
 
-    def flush(self, snap: dict[tuple[int, int], bytes], states: dict[int, LedgerState],
-              mark: tuple[int, int]) -> None:
-        """Write a snapshot to the entry log, fsync, then commit index + state + mark (worker thread)."""
+    def flush(self, snapshot: Snapshot, mark: tuple[int, int]) -> None:
+        """Write a snapshot to the entry log, fsync, then commit index + state + deletions + mark
+        in one LMDB transaction (worker thread)."""
+        snap, states, deletes = snapshot.entries, snapshot.states, snapshot.deletes
         with self._flush_lock:
             index: list[tuple[bytes, bytes]] = []
             if snap:
@@ -174,12 +193,24 @@ class LedgerStorage:
                 for k, v in index:
                     txn.put(k, v, db=self.db_index)
                 for lid, st in states.items():
-                    txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac, st.last_entry),
-                            db=self.db_ledgers)
+                    txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
+                                                                     st.last_entry), db=self.db_ledgers)
+                for lid in deletes:
+                    self._delete_in(txn, lid)
                 txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
 
     def flush_done(self) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
+        self._flushing = {}
+
+    def flush_failed(self, snapshot: Snapshot) -> None:
+        """Put a snapshot whose flush failed back (loop thread): its entries stay in memory and the
+        journal is not trimmed, so the next checkpoint retries them."""
+        for key, data in snapshot.entries.items():
+            if key not in self.write_cache and key[0] in self.ledgers:
+                self.write_cache[key] = data
+                self.write_cache_bytes += len(data)
+        self._pending_deletes |= snapshot.deletes
         self._flushing = {}
 
     def checkpoint_mark(self) -> tuple[int, int]:
@@ -188,21 +219,24 @@ class LedgerStorage:
         return _MARK.unpack(v) if v else (0, 0)
 
     # -- deletion ----------------------------------------------------------
-    def delete_ledger(self, ledger_id: int) -> int:
-        """Forget a ledger (its metadata is gone): state, cached entries and index keys."""
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Forget a ledger whose metadata is gone: at once in memory, on disk at the next checkpoint.
+
+        Why through the checkpoint: the deletion commits in the same LMDB transaction that
+        writes the index, so an in-flight flush can never write the ledger back.
+        """
         self.ledgers.pop(ledger_id, None)
         for key in [k for k in self.write_cache if k[0] == ledger_id]:
             self.write_cache_bytes -= len(self.write_cache.pop(key))
-        removed = 0
-        with self._flush_lock, self.env.begin(write=True) as txn:
-            txn.delete(struct.pack(">Q", ledger_id), db=self.db_ledgers)
-            cur = txn.cursor(db=self.db_index)
-            if cur.set_range(_IDX_KEY.pack(ledger_id, 0)):
-                while cur.key() and _IDX_KEY.unpack(cur.key())[0] == ledger_id:
-                    removed += 1
-                    if not cur.delete():
-                        break
-        return removed
+        self._pending_deletes.add(ledger_id)
+
+    def _delete_in(self, txn: lmdb.Transaction, ledger_id: int) -> None:
+        txn.delete(struct.pack(">Q", ledger_id), db=self.db_ledgers)
+        cur = txn.cursor(db=self.db_index)
+        if cur.set_range(_IDX_KEY.pack(ledger_id, 0)):
+            while cur.key() and _IDX_KEY.unpack(cur.key())[0] == ledger_id:
+                if not cur.delete():
+                    break
 
     def close(self) -> None:
         for fd in self._readers.values():
