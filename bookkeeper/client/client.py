@@ -99,7 +99,8 @@ class BookKeeper:
             if self.config.placement_strict:
                 raise NotEnoughBookiesError(f"placement: {p.reason}")
             self.stats["placement_degraded"] += 1
-            log.warning("placement degraded: %s", p.reason)
+            if self.stats["placement_degraded"] == 1:  # said once per client, counted always
+                log.warning("placement degraded: %s (bookies may share racks)", p.reason)
         return p.ensemble
 
     async def replacement_ensemble(self, md: LedgerMetadata, slots: list[int], exclude: set[str]) -> list[str]:
@@ -117,7 +118,8 @@ class BookKeeper:
                 if self.config.placement_strict:
                     raise NotEnoughBookiesError(f"placement: no replacement for {ensemble[slot]} on a distinct rack")
                 self.stats["placement_degraded"] += 1
-                log.warning("placement degraded: replacement %s shares a rack with a neighbour", bookie)
+                if self.stats["placement_degraded"] == 1:
+                    log.warning("placement degraded: replacement %s shares a rack with a neighbour", bookie)
             ensemble[slot] = bookie
         return ensemble
 

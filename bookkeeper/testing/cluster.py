@@ -135,6 +135,22 @@ class LocalBookie:
         self.proc.wait()
         self.proc = None
 
+    def hang(self) -> None:
+        """SIGSTOP the supervisor and every shard: a bookie that stops answering but keeps its sockets."""
+        if self.proc is None:
+            return
+        _signal(self.proc.pid, signal.SIGSTOP)
+        for pid in self.shard_pids():
+            _signal(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after hang()."""
+        if self.proc is None:
+            return
+        for pid in self.shard_pids():
+            _signal(pid, signal.SIGCONT)
+        _signal(self.proc.pid, signal.SIGCONT)
+
     def kill_shard(self, shard_index: int) -> int:
         """kill -9 of one shard process (the supervisor restarts it); returns the killed pid."""
         pid = self.shard_pid(shard_index)
