@@ -249,3 +249,31 @@ def test_add_entry_waits_for_room_and_async_refuses_at_the_bound(cluster) -> Non
             assert await asyncio.gather(*futs) == list(range(50))
             await lh.close()
     run(main())
+
+
+def test_recovery_replaces_a_dead_bookie_while_rewriting(cluster) -> None:
+    """Writer abandoned and a bookie of its 3/2/2 ensemble killed: the recovery open still closes the
+    ledger, rewriting the tail through an ensemble change, with every acknowledged entry."""
+    _heal(cluster)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as w:
+            lh = await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"d")
+            acked = await asyncio.gather(*(lh.add_entry_async(b"d%d" % i) for i in range(500)))
+            assert acked == list(range(500))
+            # the bookies' LAC lags the writer: entries past it must be rewritten by recovery
+            victim_id = lh.metadata.ensembles[0][(499 + 1) % 3]
+            victim = next(b for b in cluster.bookies if b.bookie_id == victim_id)
+            victim.kill()
+            async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=3.0,
+                                                read_timeout_s=3.0) as r:
+                rh = await r.open_ledger(lh.ledger_id, password=b"d")
+                assert rh.metadata.state is LedgerState.CLOSED
+                assert rh.last_add_confirmed == 499
+                assert [e.data for e in await rh.read(0, 499)] == [b"d%d" % i for i in range(500)]
+                assert victim_id in rh.metadata.ensembles[0]
+                print(f"segments after recovery: {rh.metadata.ensembles}")
+    try:
+        run(main())
+    finally:
+        _heal(cluster)

@@ -249,12 +249,18 @@ class ReadHandle:
 class WriteHandle(ReadHandle):
     """The single writer of a ledger: pipelined, in-order, quorum-acknowledged adds."""
 
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes) -> None:
-        super().__init__(bk, metadata, password, -1)
+    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, *,
+                 recovery: bool = False, lac: int = -1, length: int = 0) -> None:
+        """recovery=True: the handle a recovery rewrites with (RECOVERY_ADD, metadata IN_RECOVERY),
+        continuing after entry `lac` of a ledger of `length` bytes."""
+        super().__init__(bk, metadata, password, lac)
         self._tracker = AddTracker(ensemble_size=metadata.ensemble_size, write_quorum=metadata.write_quorum,
-                                   ack_quorum=metadata.ack_quorum)
-        self._next = 0
-        self._sent_length = 0  # ledger length after the last entry sent: each entry's length field
+                                   ack_quorum=metadata.ack_quorum, lac=lac, length=length)
+        self._recovery = recovery
+        self._add_flags = Flag.RECOVERY_ADD if recovery else 0
+        self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+        self._next = lac + 1
+        self._sent_length = length  # ledger length after the last entry sent: each entry's length field
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._payloads: dict[int, bytes] = {}
@@ -283,7 +289,7 @@ class WriteHandle(ReadHandle):
         Raises TooManyOutstandingAddsError at the max_outstanding_adds bound: use
         `await add_entry(...)`, which waits for room, to be paced instead.
         """
-        if self._closing or self.metadata.is_closed:
+        if self._closing or self.metadata.state is not self._writable_state:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if self._error is not None:
             raise type(self._error)(str(self._error))
@@ -318,7 +324,7 @@ class WriteHandle(ReadHandle):
         return await self.add_entry_async(data)
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
-        self._bk.pool.send(bookie, Op.ADD_ENTRY, 0, self.ledger_id, entry_id, self._key, 0, payload,
+        self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
                            lambda resp, err: self._on_add_response(entry_id, idx, bookie, err),
                            self._bk.config.add_timeout_s)
 
@@ -369,7 +375,7 @@ class WriteHandle(ReadHandle):
                     self.metadata = await self._bk._write_metadata(md.replace(ensembles=segments))
                 except MetadataVersionError:
                     fresh = await self._bk._read_metadata(self.ledger_id)
-                    if fresh.state is not LedgerState.OPEN:
+                    if fresh.state is not self._writable_state:
                         self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced during an ensemble "
                                                      f"change: a recovery open took it over"))
                         return
@@ -488,40 +494,56 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
             errs = [r for r in results if isinstance(r, BaseException)]
             raise BKError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
         lac = max([r[5] for r in results if isinstance(r, tuple)] + [-1])
-        last, length = lac, 0
-        if lac >= 0:
-            _, _, length = await handle._read_one(lac)
+        length = (await handle._read_one(lac))[2] if lac >= 0 else 0
+        # Rewrite what lies past the LAC through a recovery write handle: its adds carry
+        # RECOVERY_ADD (accepted on fenced bookies) and a dead bookie is replaced by an
+        # ensemble change, as for any writer; the metadata stays IN_RECOVERY meanwhile.
+        writer = WriteHandle(bk, md, password, recovery=True, lac=lac, length=length)
+        rewrites: list[asyncio.Future[int]] = []
         entry_id = lac + 1
         while True:
-            found = await _recovery_read(bk, handle, entry_id)
+            found = await _recovery_read(bk, handle, entry_id)  # where the old writer put it
             if found is None:
                 break
-            payload, length = found
-            await _rewrite(bk, md, handle._key, entry_id, payload)
-            last = entry_id
+            rewrites.append(await _paced(writer, found))
             entry_id += 1
+        if rewrites:
+            await asyncio.gather(*rewrites)
+        if writer._changing is not None:
+            await writer._changing
+        if writer._error is not None:
+            raise writer._error
+        md = writer.metadata
         try:
-            return await bk._write_metadata(md.replace(state=LedgerState.CLOSED, last_entry_id=last, length=length))
+            return await bk._write_metadata(md.replace(state=LedgerState.CLOSED, last_entry_id=writer.last_add_confirmed,
+                                                       length=writer.length))
         except MetadataVersionError:
             md = await bk._read_metadata(md.ledger_id)
     return md
 
 
-async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> tuple[bytes, int] | None:
-    """(payload, length) of entry_id if any replica has a valid copy; None if it was never acknowledged."""
+async def _paced(writer: WriteHandle, data: bytes) -> asyncio.Future[int]:
+    """Send one recovered entry, waiting for room at the outstanding bound."""
+    while writer.outstanding >= writer._bk.config.max_outstanding_adds and writer._error is None:
+        await asyncio.sleep(0.001)
+    return writer.add_entry_async(data)
+
+
+async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> bytes | None:
+    """The data of entry_id if any replica has a valid copy; None if it was never acknowledged."""
     md = handle.metadata
     ensemble = md.ensemble_for(entry_id)
     ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
     futs = [asyncio.ensure_future(bk.pool.call(ensemble[i], Op.READ_ENTRY, Flag.FENCE, md.ledger_id, entry_id,
                                                handle._key, timeout_s=bk.config.read_timeout_s)) for i in ws]
-    verified: dict[int, tuple[bytes, int]] = {}
+    verified: dict[int, bytes] = {}
 
     def check(results: list, pending: set[int]) -> bool:
         denied = 0
         for i, r in enumerate(results):
             if isinstance(r, tuple) and i not in verified:
                 try:
-                    verified[i] = (r[6], handle._digest.verify(r[6], entry_id)[2])
+                    verified[i] = handle._digest.verify(r[6], entry_id)[0]
                 except DigestMismatchError:
                     results[i] = DigestMismatchError("bad copy")
             if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)):
@@ -537,15 +559,3 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> t
         return None
     raise BKError(f"recovery of ledger {md.ledger_id}: entry {entry_id} is neither readable nor denied by "
                   f"enough bookies: {results}")
-
-
-async def _rewrite(bk: BookKeeper, md: LedgerMetadata, key: bytes, entry_id: int, payload: bytes) -> None:
-    """Recovery add of an entry to its whole write set; done once Qa have acknowledged."""
-    ensemble = md.ensemble_for(entry_id)
-    ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
-    futs = [asyncio.ensure_future(bk.pool.call(ensemble[i], Op.ADD_ENTRY, Flag.RECOVERY_ADD, md.ledger_id,
-                                               entry_id, key, 0, payload, timeout_s=bk.config.add_timeout_s))
-            for i in ws]
-    results = await _first_decisive(futs, lambda rs, _p: sum(isinstance(r, tuple) for r in rs) >= md.ack_quorum)
-    if sum(1 for r in results if isinstance(r, tuple)) < md.ack_quorum:
-        raise BKError(f"recovery of ledger {md.ledger_id}: rewrite of entry {entry_id} failed: {results}")
