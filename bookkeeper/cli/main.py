@@ -231,6 +231,63 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench -------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run one benchmark family; a table for people, one JSON object with --json."""
+    from bookkeeper.bench import self_rss
+    from bookkeeper.bench.cluster import bookie_bench, cluster_bench, read_bench
+    from bookkeeper.bench.journal import SIZES, run_journal
+    from bookkeeper.bench.limits import run_limits
+
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bk-bench-", dir=directory))
+    sizes = tuple(args.size) if args.size else None
+    with err.status(f"bk bench {args.bench} ...", spinner="dots") if not args.json else _null():
+        try:
+            if args.bench == "limits":
+                results = run_limits(str(work), args.seconds)
+            elif args.bench == "journal":
+                results = run_journal(str(work), args.seconds, sync=args.sync, sizes=sizes or SIZES)
+            elif args.bench == "bookie":
+                results = [bookie_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
+                                        window=args.window, open_loop_rate=args.rate, sync=args.sync)
+                           for s in (args.shards or [2])]
+            elif args.bench == "cluster":
+                results = [cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
+                                         window=args.window, sync=args.sync)]
+            else:
+                results = [read_bench(str(work), size=(sizes or (4096,))[0], entries=args.entries, sync=args.sync)]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    first = results[0].to_json()
+    if args.json:
+        print(json.dumps({**first, "bench": args.bench, "results": [r.to_json() for r in results],
+                          "client_peak_rss_mb": self_rss()}))
+        return 0
+    table = Table("benchmark", "ops/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms")
+    for r in results:
+        table.add_row(r.name, f"{r.ops_per_s:,.0f}", f"{r.mb_per_s:,.2f}", str(r.latency["p50"]),
+                      str(r.latency["p99"]), str(r.latency["p999"]))
+    out.print(table)
+    for r in results:
+        notes = {k: v for k, v in r.extra.items() if k != "peak_rss_mb"}
+        out.print(f"{r.name}: " + ", ".join(f"{k}={v}" for k, v in notes.items()), soft_wrap=True)
+        if "peak_rss_mb" in r.extra:
+            out.print(f"peak RSS (MiB) {r.name}: " + ", ".join(f"{k}={v}" for k, v in r.extra["peak_rss_mb"].items()),
+                      soft_wrap=True)
+    out.print("peak RSS (MiB) " + ", ".join(f"{k}={v}" for k, v in self_rss().items()))
+    return 0
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 # -- parser ------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -281,6 +338,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ledger_id", type=int)
     s.set_defaults(func=cmd_ledger_delete)
 
+    s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
+    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read"])
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
+    s.add_argument("--seconds", type=float, default=20.0)
+    s.add_argument("--sync", choices=["io_uring", "thread"], default="io_uring")
+    s.add_argument("--size", type=int, action="append", help="entry bytes (repeatable for journal)")
+    s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], help="bookie: repeat to compare")
+    s.add_argument("--window", type=int, default=1000, help="closed loop: adds in flight")
+    s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
+    s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
+    s.set_defaults(func=cmd_bench)
+
     s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
     s.add_argument("--ensemble", "-e", type=int, default=3)
     s.add_argument("--write-quorum", "-w", type=int, default=2)
@@ -301,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if getattr(args, "shards", 0) is None:
+    if args.command == "sandbox" and args.shards is None:
         from bookkeeper.config import default_shards
         args.shards = default_shards()
     try:

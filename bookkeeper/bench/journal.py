@@ -1,0 +1,86 @@
+"""The journal alone: group commit + write + fdatasync, no network, no client.
+
+Closed loop: `window` records outstanding; each durable callback records the record's
+latency (append -> durable) and appends the next. Beside each size, the write+fdatasync
+ceiling of this machine at the journal's own mean block size is measured in the same
+run, so the figure is printed as a ratio to what the device allows.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+
+import uvloop
+
+from bookkeeper._ext.journal import REC_ADD
+from bookkeeper.bench import BenchResult, histogram, latency_ms
+from bookkeeper.bench.limits import fsync_ceiling
+from bookkeeper.bookie.journal import Journal, make_syncer
+
+SIZES = (100, 1024, 65536)
+
+
+def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_uring",
+                  window: int = 1000) -> BenchResult:
+    """Entries/s of one journal for entries of `size` bytes."""
+    work = tempfile.mkdtemp(prefix="bench-journal-", dir=directory)
+    h = histogram()
+
+    async def main() -> tuple[int, float, dict, str]:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer(sync, loop)
+        payload = os.urandom(size)
+        done_count = 0
+        t_end = time.perf_counter() + seconds
+        finished = loop.create_future()
+        journal: Journal
+
+        def on_durable(items: list) -> None:
+            nonlocal done_count
+            now = time.perf_counter()
+            for t in items:
+                h.record_value(max(1, int((now - t) * 1e6)))
+            done_count += len(items)
+            if now < t_end:
+                for _ in items:
+                    journal.append(REC_ADD, 1, done_count, payload, time.perf_counter())
+            elif journal._inflight_items is None and not journal._batch.count and not finished.done():
+                finished.set_result(None)
+
+        def on_failed(items: list, err: OSError) -> None:
+            if not finished.done():
+                finished.set_exception(err)
+
+        journal = Journal(work, syncer=syncer, loop=loop, on_durable=on_durable, on_failed=on_failed)
+        journal.start()
+        t0 = time.perf_counter()
+        for i in range(window):
+            journal.append(REC_ADD, 1, i, payload, time.perf_counter())
+        await finished
+        dt = time.perf_counter() - t0
+        stats = dict(journal.stats)
+        journal.close()
+        syncer.close()
+        return done_count, dt, stats, syncer.kind
+
+    try:
+        n, dt, stats, kind = uvloop.run(main())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    blocks = max(1, stats["blocks"])
+    mean_block = stats["bytes"] // blocks
+    ceiling = fsync_ceiling(directory, max(4096, mean_block), min(2.0, seconds / 2))
+    fsyncs = blocks / dt
+    return BenchResult(f"journal {size} B ({kind})", n / dt, n * size / dt / 1e6, latency_ms(h), {
+        "entry_bytes": size, "sync": kind, "fsyncs_per_s": round(fsyncs, 1),
+        "entries_per_fsync": round(n / blocks, 1), "mean_block_bytes": mean_block,
+        "ceiling_fsyncs_per_s_at_block": round(ceiling.ops_per_s, 1),
+        "fsync_ratio_to_ceiling": round(fsyncs / ceiling.ops_per_s, 3) if ceiling.ops_per_s else None,
+    })
+
+
+def run_journal(directory: str, seconds: float, *, sync: str, sizes: tuple[int, ...] = SIZES) -> list[BenchResult]:
+    return [journal_bench(directory, s, seconds / len(sizes) * 0.7, sync=sync) for s in sizes]
