@@ -277,3 +277,25 @@ def test_recovery_replaces_a_dead_bookie_while_rewriting(cluster) -> None:
         run(main())
     finally:
         _heal(cluster)
+
+
+def test_recovery_after_an_interrupted_recovery_reads_the_writers_segment(cluster) -> None:
+    """A recovery that changed ensembles and died before closing leaves a segment the writer never
+    wrote to; the next recovery reads the writer's own segment, so no acknowledged entry is cut."""
+    _heal(cluster)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as w:
+            lh = await w.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"i")
+            assert await asyncio.gather(*(lh.add_entry_async(b"i%d" % i) for i in range(100))) == list(range(100))
+            md = await w.ledger_metadata(lh.ledger_id)
+            others = [b.bookie_id for b in cluster.bookies if b.bookie_id not in md.ensembles[0]]
+            # What an interrupted first recovery leaves: IN_RECOVERY, the writer's segment noted,
+            # and a new segment (on a bookie that has none of the entries) from an early entry on.
+            await w._write_metadata(md.replace(state=LedgerState.IN_RECOVERY, writer_segment=0,
+                                               ensembles={0: md.ensembles[0], 1: [others[0]]}))
+            async with await BookKeeper.connect(cluster.metadata_uri) as r:
+                rh = await r.open_ledger(lh.ledger_id, password=b"i")
+                assert rh.last_add_confirmed == 99
+                assert [e.data for e in await rh.read(0, 99)] == [b"i%d" % i for i in range(100)]
+    run(main())

@@ -79,6 +79,12 @@ class Shard:
     def request_checkpoint(self) -> None:
         if self._checkpointing is None or self._checkpointing.done():
             self._checkpointing = self.loop.create_task(self.checkpoint())
+            self._checkpointing.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("shard %d: checkpoint failed (entries kept, journal not trimmed): %s", self.index,
+                      task.exception())
 
     async def checkpoint(self) -> None:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
@@ -107,6 +113,9 @@ class Shard:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
         print(f"READY shard={self.index} port={port} sync={self.syncer.kind}", flush=True)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # nobody reads the pipe after READY: never block on a full one
+        os.close(devnull)
         periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self.checkpoint)),
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect))]
         await self._stopping.wait()
@@ -117,7 +126,7 @@ class Shard:
             task.cancel()
         await self.journal.drain()
         if self._checkpointing is not None:
-            await asyncio.shield(self._checkpointing)
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
         await self.checkpoint()
         self.journal.close()
         self.syncer.close()
@@ -130,7 +139,7 @@ class Shard:
             try:
                 if job == self.checkpoint:
                     self.request_checkpoint()
-                    await asyncio.shield(self._checkpointing)  # type: ignore[arg-type]
+                    await asyncio.gather(self._checkpointing, return_exceptions=True)  # logged by its callback
                 else:
                     await job()
             except asyncio.CancelledError:

@@ -150,9 +150,24 @@ class BookieClientPool:
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
         self._conns: dict[tuple[str, int], ShardConnection] = {}
+        self._routes: dict[tuple[str, int], ShardConnection] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
+    def invalidate_routes(self) -> None:
+        """Forget cached routes (registrations were re-read)."""
+        self._routes.clear()
+
     def connection(self, bookie_id: str, ledger_id: int) -> ShardConnection:
+        """The owning shard's connection; routes are cached per (bookie, ledger): adds are hot."""
+        conn = self._routes.get((bookie_id, ledger_id))
+        if conn is not None:
+            return conn
+        if len(self._routes) > 100_000:
+            self._routes.clear()
+        conn = self._routes[(bookie_id, ledger_id)] = self._route(bookie_id, ledger_id)
+        return conn
+
+    def _route(self, bookie_id: str, ledger_id: int) -> ShardConnection:
         info = self._resolve(bookie_id)
         if info is None:
             raise BookieUnavailableError(f"bookie {bookie_id} is not registered")
@@ -209,6 +224,7 @@ class BookieClientPool:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+        self._routes.clear()
 
 
 class BookieHealth:

@@ -81,6 +81,7 @@ class BookKeeper:
         writable = await self._run(self.store.get_bookies)
         readonly = await self._run(functools.partial(self.store.get_bookies, readonly=True))
         self._bookies = {**readonly, **writable}
+        self.pool.invalidate_routes()
         self._writable = list(writable)
         return self._bookies
 

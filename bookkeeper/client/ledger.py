@@ -116,6 +116,8 @@ class ReadHandle:
         def on_response(bookie: str, resp: tuple | None, err: BKError | None) -> None:
             state["outstanding"] -= 1
             if fut.done():
+                if err is not None and not isinstance(err, (NoSuchEntryError, NoSuchLedgerError)):
+                    bk.health.penalize(bookie)  # a late failure still marks the bookie slow
                 return
             if err is None:
                 assert resp is not None
@@ -257,6 +259,7 @@ class WriteHandle(ReadHandle):
         self._tracker = AddTracker(ensemble_size=metadata.ensemble_size, write_quorum=metadata.write_quorum,
                                    ack_quorum=metadata.ack_quorum, lac=lac, length=length)
         self._recovery = recovery
+        self._lac_floor = lac
         self._add_flags = Flag.RECOVERY_ADD if recovery else 0
         self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
         self._next = lac + 1
@@ -308,7 +311,10 @@ class WriteHandle(ReadHandle):
         self._futures[entry_id] = fut
         ws = self._tracker.add(entry_id, len(data))
         self._sent_length += len(data)
-        payload = self._digest.encode(entry_id, self._tracker.lac, self._sent_length, data)
+        # A recovery rewrite piggybacks the LAC recovery started from, never its own progress:
+        # a concurrent recovery may still close the ledger earlier, and tailers trust the LAC.
+        piggyback = self._lac_floor if self._recovery else self._tracker.lac
+        payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
         self._payloads[entry_id] = payload
         ensemble = self.metadata.ensemble_for(entry_id)
         for idx in ws:
@@ -331,6 +337,8 @@ class WriteHandle(ReadHandle):
     def _on_add_response(self, entry_id: int, idx: int, bookie: str, err: BKError | None) -> None:
         if entry_id not in self._futures or self.metadata.ensemble_for(entry_id)[idx] != bookie:
             return  # already settled, or from a bookie replaced since
+        if err is None and bookie in self._failed_bookies:
+            return  # being replaced: its acks no longer count (the entry is resent to its replacement)
         if err is None:
             for eid, _length in self._tracker.ack(entry_id, idx):
                 fut = self._futures.pop(eid)
@@ -475,13 +483,19 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
     while md.state is not LedgerState.CLOSED:
         if md.state is LedgerState.OPEN:
             try:
-                md = await bk._write_metadata(md.replace(state=LedgerState.IN_RECOVERY))
+                md = await bk._write_metadata(md.replace(state=LedgerState.IN_RECOVERY,
+                                                         writer_segment=max(md.ensembles)))
             except MetadataVersionError:
                 md = await bk._read_metadata(md.ledger_id)
                 continue
-        handle = ReadHandle(bk, md, password, -1)
+        # The fenced writer only ever wrote to its own last segment. Segments that an earlier,
+        # interrupted recovery added must not be read as the writer's: a replacement bookie's
+        # "no such entry" is no evidence that the writer's entry was never acknowledged.
+        writer_start = md.writer_segment if md.writer_segment >= 0 else max(md.ensembles)
+        writer_view = md.replace(ensembles={k: v for k, v in md.ensembles.items() if k <= writer_start})
+        handle = ReadHandle(bk, writer_view, password, -1)
         key, e, qw, qa = handle._key, md.ensemble_size, md.write_quorum, md.ack_quorum
-        ensemble = md.last_ensemble
+        ensemble = writer_view.last_ensemble
         futs = [asyncio.ensure_future(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key,
                                                    timeout_s=timeout)) for b in ensemble]
 
@@ -501,23 +515,26 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         writer = WriteHandle(bk, md, password, recovery=True, lac=lac, length=length)
         rewrites: list[asyncio.Future[int]] = []
         entry_id = lac + 1
-        while True:
-            found = await _recovery_read(bk, handle, entry_id)  # where the old writer put it
-            if found is None:
-                break
-            rewrites.append(await _paced(writer, found))
-            entry_id += 1
-        if rewrites:
-            await asyncio.gather(*rewrites)
-        if writer._changing is not None:
-            await writer._changing
-        if writer._error is not None:
-            raise writer._error
-        md = writer.metadata
         try:
-            return await bk._write_metadata(md.replace(state=LedgerState.CLOSED, last_entry_id=writer.last_add_confirmed,
+            while True:
+                found = await _recovery_read(bk, handle, entry_id)  # where the old writer put it
+                if found is None:
+                    break
+                rewrites.append(await _paced(writer, found))
+                entry_id += 1
+            if rewrites:
+                await asyncio.gather(*rewrites)
+            if writer._changing is not None:
+                await writer._changing
+            if writer._error is not None:
+                raise writer._error
+            md = writer.metadata
+            return await bk._write_metadata(md.replace(state=LedgerState.CLOSED,
+                                                       last_entry_id=writer.last_add_confirmed,
                                                        length=writer.length))
-        except MetadataVersionError:
+        except (MetadataVersionError, LedgerFencedError, LedgerClosedError):
+            # Another recovery changed the metadata first: if it closed the ledger, its
+            # result is the result (every reader agrees); otherwise go round again.
             md = await bk._read_metadata(md.ledger_id)
     return md
 

@@ -2,7 +2,9 @@
 
 Format history (the `format_version` field of the JSON object):
   1 - first version: ensembles as [{"first_entry_id", "bookies"}], custom metadata
-      base64, password digest hex (sha256 of the password).
+      base64, password digest hex (sha256 of the password). Optional key
+      "writer_segment" (first entry id of the last segment the writer wrote), set when
+      recovery begins; readers that do not know it may ignore it.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class LedgerMetadata:
     length: int = 0
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     ctime: int = field(default_factory=lambda: int(time.time() * 1000))
+    writer_segment: int = -1  # set by recovery: where the fenced writer's last segment starts
     version: int = -1  # the znode version this snapshot was read at; not serialized
 
     @property
@@ -95,6 +98,7 @@ class LedgerMetadata:
                           for k, v in sorted(self.ensembles.items())],
             "custom_metadata": {k: base64.b64encode(v).decode() for k, v in self.custom_metadata.items()},
             "ctime": self.ctime,
+            **({"writer_segment": self.writer_segment} if self.writer_segment >= 0 else {}),
         }
 
     def serialize(self) -> bytes:
@@ -121,6 +125,7 @@ class LedgerMetadata:
                 length=int(d["length"]),
                 custom_metadata={k: base64.b64decode(v) for k, v in d.get("custom_metadata", {}).items()},
                 ctime=int(d["ctime"]),
+                writer_segment=int(d.get("writer_segment", -1)),
                 version=version,
             )
         except (KeyError, ValueError, TypeError) as e:

@@ -92,6 +92,7 @@ class LedgerStorage:
         """A new entry log per start and per LOG_MAX_BYTES: never append after a torn tail."""
         if self._log_fd >= 0:
             os.close(self._log_fd)
+            self._log_fd = -1
         self._log_id += 1
         self._log_fd = os.open(self._log_path(self._log_id), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self._log_fd, LOG_MAGIC)
