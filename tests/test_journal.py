@@ -767,3 +767,46 @@ def test_make_syncer_falls_back_to_thread_when_io_uring_is_unavailable(monkeypat
         real.close()
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("kind", ["io_uring", "thread"])
+def test_roll_with_appends_from_the_durable_callback_keeps_every_record(tmp_path, kind) -> None:
+    """A file roll while on_durable appends more records: no write to a closed descriptor, and a
+    replay returns every record in order (regression: the roll used to follow the callback)."""
+    from bookkeeper._ext.journal import REC_ADD
+    from bookkeeper.bookie.journal import Journal
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of(kind, loop)
+        done: list[int] = []
+        finished = loop.create_future()
+        payload = b"r" * 3000
+
+        def on_durable(items: list) -> None:
+            done.extend(items)
+            if len(done) < 400:
+                for i in items:
+                    j.append(REC_ADD, 9, i + 10, payload, i + 10)
+            elif j._inflight_items is None and not j._batch.count and not finished.done():
+                finished.set_result(None)
+
+        def on_failed(items: list, err: OSError) -> None:
+            if not finished.done():
+                finished.set_exception(err)
+
+        j = Journal(tmp_path, syncer=syncer, loop=loop, on_durable=on_durable, on_failed=on_failed,
+                    preallocate_bytes=64 * 1024, file_max_bytes=64 * 1024)
+        j.start()
+        for i in range(10):
+            j.append(REC_ADD, 9, i, payload, i)
+        await asyncio.wait_for(finished, 30)
+        j.close()
+        syncer.close()
+
+        records: list = []
+        j2 = Journal(tmp_path, syncer=syncer, loop=loop, on_durable=lambda i: None, on_failed=lambda i, e: None)
+        res = j2.replay((0, 0), records.extend)
+        assert res.files > 2 and res.blocks_torn == 0
+        assert [r[2] for r in records] == sorted(done)
+    uvloop.run(main())

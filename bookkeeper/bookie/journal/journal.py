@@ -228,9 +228,11 @@ class Journal:
             self.on_failed(self._batch_items, self._failed)
             self._batch, self._batch_items = JournalBatch(), []
         else:
-            self.on_durable(items)
             if self._pos >= self.file_max_bytes:
+                # Roll while nothing is in flight: on_durable may append, and a block it
+                # flushes must go to the new file, never to a descriptor being closed.
                 self._open_new_file()
+            self.on_durable(items)
             self._maybe_flush()
         if self._inflight_items is None and not self._batch.count:
             for w in self._idle_waiters:
