@@ -116,6 +116,13 @@ class TooManyOutstandingAddsError(BKError):
     retriable = True
 
 
+class MetadataServiceError(BKError):
+    """ZooKeeper could not be reached or failed the call (connection loss, session expiry)."""
+
+    code = 26
+    retriable = True
+
+
 class LedgerExistsError(BKError):
     """A ledger with that id already exists."""
 

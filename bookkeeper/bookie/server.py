@@ -63,6 +63,7 @@ class BookieProtocol(asyncio.Protocol):
         self.closed = True
         self.shard.connections.discard(self)
         self.shard.paused.discard(self)
+        self.shard.forget_waiters(self)
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
@@ -303,6 +304,20 @@ class ShardServer:
                             ledger_id, entry_id, st.lac if st else -1, b"")])
 
         waiters.append((entry_id, conn, req_id, loop.call_later(timeout_ms / 1000.0, expire)))
+
+    def forget_waiters(self, conn: BookieProtocol) -> None:
+        """Drop a closed connection's long polls (and their timers) at once."""
+        for ledger_id in list(self._waiters):
+            keep = []
+            for w in self._waiters[ledger_id]:
+                if w[1] is conn:
+                    w[3].cancel()
+                else:
+                    keep.append(w)
+            if keep:
+                self._waiters[ledger_id] = keep
+            else:
+                del self._waiters[ledger_id]
 
     def _wake(self, ledger_id: int) -> None:
         """Answer the long polls of a ledger whose entries the LAC now covers."""

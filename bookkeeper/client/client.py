@@ -14,12 +14,14 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from kazoo.exceptions import KazooException, ZookeeperError
+
 from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
-from bookkeeper.errors import BKError, NotEnoughBookiesError, UnauthorizedError
+from bookkeeper.errors import BKError, MetadataServiceError, NotEnoughBookiesError, UnauthorizedError
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, password_digest
 from bookkeeper.meta.zk import ZkMetadataStore
 
@@ -73,7 +75,11 @@ class BookKeeper:
         await self._run(self.store.close)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._loop.run_in_executor(None, functools.partial(fn, *args))
+        """A metadata call off the loop; ZooKeeper trouble becomes a retriable BKError."""
+        try:
+            return await self._loop.run_in_executor(None, functools.partial(fn, *args))
+        except (KazooException, ZookeeperError) as e:
+            raise MetadataServiceError(f"ZooKeeper: {type(e).__name__} {e}") from e
 
     # -- bookies -----------------------------------------------------------
     async def refresh_bookies(self) -> dict[str, dict[str, Any]]:
@@ -104,10 +110,11 @@ class BookKeeper:
                 log.warning("placement degraded: %s (bookies may share racks)", p.reason)
         return p.ensemble
 
-    async def replacement_ensemble(self, md: LedgerMetadata, slots: list[int], exclude: set[str]) -> list[str]:
-        """The last ensemble with each failed slot replaced, keeping the placement rule where possible."""
+    async def replacement_ensemble(self, md: LedgerMetadata, base: list[str], slots: list[int],
+                                   exclude: set[str]) -> list[str]:
+        """`base` with each failed slot replaced, keeping the placement rule where possible."""
         await self.refresh_bookies()
-        ensemble = list(md.last_ensemble)
+        ensemble = list(base)
         racks = self._racks(self._writable)
         for slot in slots:
             bookie, kept = choose_replacement(ensemble, slot, racks, write_quorum=md.write_quorum,

@@ -203,29 +203,50 @@ class ReadHandle:
         when a long poll comes back empty, to learn whether the ledger was closed.
         """
         nxt = start
+        pause_s = 0.0
         while True:
-            if nxt <= self.last_add_confirmed:
-                last = min(self.last_add_confirmed, nxt + self._bk.config.read_window - 1)
-                for entry in await self.read(nxt, last):
-                    yield entry
-                nxt = last + 1
-                continue
-            if self.metadata.is_closed:
-                return
+            if pause_s:
+                await asyncio.sleep(pause_s)  # a failure above: back off, never spin
             try:
-                data, lac = await self._long_poll(nxt)
-            except (NoSuchEntryError, NoSuchLedgerError, BKError):
-                md = await self._bk._read_metadata(self.ledger_id)
-                self.metadata = md
-                if md.is_closed:
-                    self._lac = md.last_entry_id
-                    self._length = md.length
-                else:
-                    await self.read_last_add_confirmed()
+                if nxt <= self.last_add_confirmed:
+                    last = min(self.last_add_confirmed, nxt + self._bk.config.read_window - 1)
+                    entries = await self.read(nxt, last)
+                    pause_s = 0.0
+                    for entry in entries:
+                        yield entry
+                    nxt = last + 1
+                    continue
+                if self.metadata.is_closed:
+                    return
+                try:
+                    data, lac = await self._long_poll(nxt)
+                except BKError:
+                    await self._refresh()
+                    continue
+            except BKError as e:
+                # A segment the writer added since (ensemble change) or a bookie or ZooKeeper
+                # hiccup: refresh what we know and try again.
+                log.debug("tail of ledger %d at entry %d: %s; retrying", self.ledger_id, nxt, e)
+                pause_s = min(1.0, pause_s * 2 or 0.05)
+                try:
+                    await self._refresh()
+                except BKError:
+                    pass
                 continue
+            pause_s = 0.0
             self._lac = max(self._lac, lac, nxt)
             yield LedgerEntry(nxt, data, self.ledger_id)
             nxt += 1
+
+    async def _refresh(self) -> None:
+        """Re-read the metadata (closed? new segments?) and, while open, the LAC."""
+        md = await self._bk._read_metadata(self.ledger_id)
+        self.metadata = md
+        if md.is_closed:
+            self._lac = md.last_entry_id
+            self._length = md.length
+        else:
+            await self.read_last_add_confirmed()
 
     async def _long_poll(self, entry_id: int) -> tuple[bytes, int]:
         """Wait on one replica of entry_id until its LAC covers the entry; (data, lac)."""
@@ -267,6 +288,7 @@ class WriteHandle(ReadHandle):
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._payloads: dict[int, bytes] = {}
+        self._sent: dict[int, dict[int, str]] = {}  # entry -> slot -> bookie it was last sent to
         self._error: BKError | None = None
         self._closing = False
         self._failed_bookies: set[str] = set()
@@ -330,6 +352,7 @@ class WriteHandle(ReadHandle):
         return await self.add_entry_async(data)
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
+        self._sent.setdefault(entry_id, {})[idx] = bookie
         self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
                            lambda resp, err: self._on_add_response(entry_id, idx, bookie, err),
                            self._bk.config.add_timeout_s)
@@ -343,6 +366,7 @@ class WriteHandle(ReadHandle):
             for eid, _length in self._tracker.ack(entry_id, idx):
                 fut = self._futures.pop(eid)
                 self._payloads.pop(eid, None)
+                self._sent.pop(eid, None)
                 if not fut.done():
                     fut.set_result(eid)
             if self._room is not None and not self._room.done() and \
@@ -360,48 +384,69 @@ class WriteHandle(ReadHandle):
             self._failed_bookies.add(bookie)
             if self._changing is None or self._changing.done():
                 self._changing = self._loop.create_task(self._change_ensemble())
+                self._changing.add_done_callback(self._change_done)
         else:
             self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
 
     async def _change_ensemble(self) -> None:
-        """Replace failed bookies of the last ensemble: new segment from LAC + 1, then resend."""
-        try:
-            while self._error is None:
-                md = self.metadata
-                current = md.last_ensemble
-                failed = [i for i, b in enumerate(current) if b in self._failed_bookies]
-                if not failed:
-                    return
-                start = self._tracker.lac + 1
-                new_ensemble = await self._bk.replacement_ensemble(md, failed, self._failed_bookies)
-                segments = dict(md.ensembles)
-                if max(segments) >= start:  # an earlier change at this same entry: replace it
-                    for k in [k for k in segments if k >= start]:
-                        del segments[k]
+        """Move the unacknowledged entries off failed bookies (ensemble change).
+
+        The new segment starts at LAC + 1 and replaces, from there on, whatever segments
+        the metadata had: every entry from there is unacknowledged. Its ensemble is the one
+        of the segment holding LAC + 1 with failed bookies replaced. Then each outstanding
+        entry is resent to every slot whose bookie now differs from the one it was sent to,
+        so a change whose metadata write succeeded but whose reply was lost (and is retried)
+        still resends.
+        """
+        backoff_s = 0.05
+        while self._error is None:
+            md = self.metadata
+            start = self._tracker.lac + 1
+            if not any(b in self._failed_bookies for e in self._tracker.pending_ids()
+                       for b in self._sent.get(e, {}).values()):
+                return
+            base = md.ensemble_for(start)
+            slots = [i for i, b in enumerate(base) if b in self._failed_bookies]
+            try:
+                new_ensemble = await self._bk.replacement_ensemble(md, base, slots, self._failed_bookies)
+                segments = {k: v for k, v in md.ensembles.items() if k < start}
                 segments[start] = new_ensemble
-                try:
+                if segments != md.ensembles:
                     self.metadata = await self._bk._write_metadata(md.replace(ensembles=segments))
-                except MetadataVersionError:
-                    fresh = await self._bk._read_metadata(self.ledger_id)
-                    if fresh.state is not self._writable_state:
-                        self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced during an ensemble "
-                                                     f"change: a recovery open took it over"))
-                        return
-                    self.metadata = fresh
-                    continue
-                self._bk.stats["ensemble_changes"] += 1
-                log.info("ledger %d: ensemble changed from entry %d: %s -> %s", self.ledger_id, start, current,
-                         new_ensemble)
-                for eid in self._tracker.pending_ids():
-                    ensemble = self.metadata.ensemble_for(eid)
-                    for idx in write_set(eid, md.ensemble_size, md.write_quorum):
-                        if current[idx] != new_ensemble[idx] and eid >= start:
-                            self._tracker.reset(eid, idx)
-                            self._send_add(eid, idx, ensemble[idx], self._payloads[eid])
-        except NotEnoughBookiesError as e:
-            self._fail(NotEnoughBookiesError(f"ledger {self.ledger_id}: no replacement bookie: {e}"))
-        except BKError as e:
-            self._fail(type(e)(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
+                    self._bk.stats["ensemble_changes"] += 1
+                    log.info("ledger %d: ensemble changed from entry %d: %s -> %s", self.ledger_id, start, base,
+                             new_ensemble)
+            except MetadataVersionError:
+                fresh = await self._bk._read_metadata(self.ledger_id)
+                if fresh.state is not self._writable_state:
+                    self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced during an ensemble "
+                                                 f"change: a recovery open took it over"))
+                    return
+                self.metadata = fresh
+                continue
+            except NotEnoughBookiesError as e:
+                self._fail(NotEnoughBookiesError(f"ledger {self.ledger_id}: no replacement bookie: {e}"))
+                return
+            except BKError as e:
+                if not e.retriable or backoff_s > 5.0:
+                    self._fail(type(e)(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
+                    return
+                await asyncio.sleep(backoff_s)  # ZooKeeper unreachable for a moment: try again
+                backoff_s *= 2
+                continue
+            for eid in self._tracker.pending_ids():
+                ensemble = self.metadata.ensemble_for(eid)
+                sent = self._sent.get(eid, {})
+                for idx in write_set(eid, md.ensemble_size, md.write_quorum):
+                    if sent.get(idx) != ensemble[idx]:
+                        self._tracker.reset(eid, idx)
+                        self._send_add(eid, idx, ensemble[idx], self._payloads[eid])
+
+    def _change_done(self, task: asyncio.Task[None]) -> None:
+        """Whatever escapes an ensemble change fails the handle: a writer never stalls silently."""
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            self._fail(err if isinstance(err, BKError) else BKError(f"ensemble change failed: {err!r}"))
 
     def _fail(self, err: BKError) -> None:
         """The handle is broken: every outstanding and future add fails with err."""
@@ -410,6 +455,7 @@ class WriteHandle(ReadHandle):
         for eid in self._tracker.drop_all():
             fut = self._futures.pop(eid, None)
             self._payloads.pop(eid, None)
+            self._sent.pop(eid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
         if self._room is not None and not self._room.done():
@@ -484,15 +530,15 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         if md.state is LedgerState.OPEN:
             try:
                 md = await bk._write_metadata(md.replace(state=LedgerState.IN_RECOVERY,
-                                                         writer_segment=max(md.ensembles)))
+                                                         writer_ensembles=dict(md.ensembles)))
             except MetadataVersionError:
                 md = await bk._read_metadata(md.ledger_id)
                 continue
-        # The fenced writer only ever wrote to its own last segment. Segments that an earlier,
-        # interrupted recovery added must not be read as the writer's: a replacement bookie's
-        # "no such entry" is no evidence that the writer's entry was never acknowledged.
-        writer_start = md.writer_segment if md.writer_segment >= 0 else max(md.ensembles)
-        writer_view = md.replace(ensembles={k: v for k, v in md.ensembles.items() if k <= writer_start})
+        # Read and fence where the fenced writer wrote: its segments as it left them, noted
+        # when recovery began. Segments a recovery rewrote since (an interrupted or concurrent
+        # one) must not be read as the writer's: a replacement bookie's "no such entry" is no
+        # evidence that the writer's entry was never acknowledged.
+        writer_view = md.replace(ensembles=dict(md.writer_ensembles or md.ensembles))
         handle = ReadHandle(bk, writer_view, password, -1)
         key, e, qw, qa = handle._key, md.ensemble_size, md.write_quorum, md.ack_quorum
         ensemble = writer_view.last_ensemble

@@ -3,8 +3,8 @@
 Format history (the `format_version` field of the JSON object):
   1 - first version: ensembles as [{"first_entry_id", "bookies"}], custom metadata
       base64, password digest hex (sha256 of the password). Optional key
-      "writer_segment" (first entry id of the last segment the writer wrote), set when
-      recovery begins; readers that do not know it may ignore it.
+      "writer_ensembles" (the segments as the fenced writer left them, same shape as
+      "ensembles"), set when recovery begins; readers that do not know it may ignore it.
 """
 from __future__ import annotations
 
@@ -36,6 +36,14 @@ class LedgerState(enum.Enum):
     CLOSED = "CLOSED"
 
 
+def _segments_json(segments: dict[int, list[str]]) -> list[dict[str, Any]]:
+    return [{"first_entry_id": k, "bookies": list(v)} for k, v in sorted(segments.items())]
+
+
+def _segments(raw: list[dict[str, Any]]) -> dict[int, list[str]]:
+    return {int(s["first_entry_id"]): list(s["bookies"]) for s in raw}
+
+
 def password_digest(password: bytes) -> str:
     """What metadata keeps of a password: enough to check it, never the password."""
     return hashlib.sha256(b"bookkeeper-py:" + password).hexdigest()
@@ -57,7 +65,7 @@ class LedgerMetadata:
     length: int = 0
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     ctime: int = field(default_factory=lambda: int(time.time() * 1000))
-    writer_segment: int = -1  # set by recovery: where the fenced writer's last segment starts
+    writer_ensembles: dict[int, list[str]] | None = None  # set by recovery: the fenced writer's segments
     version: int = -1  # the znode version this snapshot was read at; not serialized
 
     @property
@@ -94,11 +102,10 @@ class LedgerMetadata:
             "length": self.length,
             "digest": self.digest.value,
             "password_digest": self.password_digest,
-            "ensembles": [{"first_entry_id": k, "bookies": list(v)}
-                          for k, v in sorted(self.ensembles.items())],
+            "ensembles": _segments_json(self.ensembles),
             "custom_metadata": {k: base64.b64encode(v).decode() for k, v in self.custom_metadata.items()},
             "ctime": self.ctime,
-            **({"writer_segment": self.writer_segment} if self.writer_segment >= 0 else {}),
+            **({"writer_ensembles": _segments_json(self.writer_ensembles)} if self.writer_ensembles else {}),
         }
 
     def serialize(self) -> bytes:
@@ -119,13 +126,13 @@ class LedgerMetadata:
                 ack_quorum=int(d["ack_quorum"]),
                 digest=DigestType(d["digest"]),
                 password_digest=d["password_digest"],
-                ensembles={int(s["first_entry_id"]): list(s["bookies"]) for s in d["ensembles"]},
+                ensembles=_segments(d["ensembles"]),
                 state=LedgerState(d["state"]),
                 last_entry_id=int(d["last_entry_id"]),
                 length=int(d["length"]),
                 custom_metadata={k: base64.b64decode(v) for k, v in d.get("custom_metadata", {}).items()},
                 ctime=int(d["ctime"]),
-                writer_segment=int(d.get("writer_segment", -1)),
+                writer_ensembles=_segments(d["writer_ensembles"]) if "writer_ensembles" in d else None,
                 version=version,
             )
         except (KeyError, ValueError, TypeError) as e:
