@@ -19,6 +19,7 @@ Record inside a payload:
 """
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
+from bookkeeper._ext.endian cimport get_u32, get_u64, put_u32, put_u64
 from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize, PyByteArray_GET_SIZE
@@ -39,29 +40,12 @@ REC_MASTER_KEY = 2
 REC_FENCE = 3
 
 
-cdef inline uint64_t _get_u64(const uint8_t* p) noexcept nogil:
-    return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40)
-            | (<uint64_t>p[3] << 32) | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16)
-            | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
 
 
-cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
-    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
-            | <uint32_t>p[3])
 
 
-cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[7 - i] = <uint8_t>(v & 0xff)
-        v >>= 8
 
 
-cdef inline void _put_u32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = <uint8_t>(v >> 24)
-    p[1] = <uint8_t>(v >> 16)
-    p[2] = <uint8_t>(v >> 8)
-    p[3] = <uint8_t>v
 
 
 cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t plen):
@@ -92,10 +76,10 @@ cdef class JournalBatch:
         cdef Py_ssize_t old = PyByteArray_GET_SIZE(self._buf)
         PyByteArray_Resize(self._buf, old + RECORD_HEADER + dlen)
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf) + old
-        _put_u32(o, <uint32_t>(RECORD_HEADER - 4 + dlen))
+        put_u32(o, <uint32_t>(RECORD_HEADER - 4 + dlen))
         o[4] = <uint8_t>rtype
-        _put_u64(o + 5, ledger_id)
-        _put_u64(o + 13, <uint64_t>entry_id)
+        put_u64(o + 5, ledger_id)
+        put_u64(o + 13, <uint64_t>entry_id)
         if dlen:
             memcpy(o + RECORD_HEADER, &data[0], dlen)
         self.count += 1
@@ -107,11 +91,11 @@ cdef class JournalBatch:
         PyByteArray_Resize(self._buf, total)
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf)
         memset(o + BLOCK_HEADER + plen, 0, total - BLOCK_HEADER - plen)
-        _put_u32(o, BLOCK_MAGIC)
-        _put_u32(o + 4, <uint32_t>plen)
-        _put_u32(o + 12, <uint32_t>self.count)
-        _put_u64(o + 16, seq)
-        _put_u32(o + 8, _block_crc(o, o + BLOCK_HEADER, plen))
+        put_u32(o, BLOCK_MAGIC)
+        put_u32(o + 4, <uint32_t>plen)
+        put_u32(o + 12, <uint32_t>self.count)
+        put_u64(o + 16, seq)
+        put_u32(o + 8, _block_crc(o, o + BLOCK_HEADER, plen))
         return self._buf
 
 
@@ -135,29 +119,29 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
     cdef Py_ssize_t i
     while pos + BLOCK_HEADER <= n:
         p = &buf[pos]
-        if _get_u32(p) != BLOCK_MAGIC:
+        if get_u32(p) != BLOCK_MAGIC:
             break
-        plen = _get_u32(p + 4)
-        count = _get_u32(p + 12)
+        plen = get_u32(p + 4)
+        count = get_u32(p + 12)
         if pos + BLOCK_HEADER + <Py_ssize_t>plen > n:
             break
-        if _get_u32(p + 8) != _block_crc(p, p + BLOCK_HEADER, plen):
+        if get_u32(p + 8) != _block_crc(p, p + BLOCK_HEADER, plen):
             break
         rpos = pos + BLOCK_HEADER
         rend = rpos + plen
         block = []
         while rpos + RECORD_HEADER <= rend:
-            rlen = _get_u32(&buf[rpos])
+            rlen = get_u32(&buf[rpos])
             if rpos + 4 + <Py_ssize_t>rlen > rend or rlen < RECORD_HEADER - 4:
                 break
-            block.append((buf[rpos + 4], _get_u64(&buf[rpos + 5]), <int64_t>_get_u64(&buf[rpos + 13]),
+            block.append((buf[rpos + 4], get_u64(&buf[rpos + 5]), <int64_t>get_u64(&buf[rpos + 13]),
                           PyBytes_FromStringAndSize(<const char*>&buf[rpos + RECORD_HEADER],
                                                     rlen - (RECORD_HEADER - 4))))
             rpos += 4 + rlen
         if len(block) != count or rpos != rend:
             break
         records.extend(block)
-        last_seq = <int64_t>_get_u64(p + 16)
+        last_seq = <int64_t>get_u64(p + 16)
         total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
         pos += total
     for i in range(pos, n):

@@ -15,6 +15,7 @@ entry built by the client) starts with u64 ledger | i64 entry | i64 lac | u64 le
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+from bookkeeper._ext.endian cimport get_u32, get_u64, put_u16, put_u32, put_u64
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
@@ -34,34 +35,14 @@ class FrameError(ValueError):
     """A frame that can never be parsed: the connection that sent it must be closed."""
 
 
-cdef inline uint64_t _get_u64(const uint8_t* p) noexcept nogil:
-    return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40)
-            | (<uint64_t>p[3] << 32) | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16)
-            | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
 
 
-cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
-    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
-            | <uint32_t>p[3])
 
 
-cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[7 - i] = <uint8_t>(v & 0xff)
-        v >>= 8
 
 
-cdef inline void _put_u32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = <uint8_t>(v >> 24)
-    p[1] = <uint8_t>(v >> 16)
-    p[2] = <uint8_t>(v >> 8)
-    p[3] = <uint8_t>v
 
 
-cdef inline void _put_u16(uint8_t* p, uint16_t v) noexcept nogil:
-    p[0] = <uint8_t>(v >> 8)
-    p[1] = <uint8_t>v
 
 
 cdef Py_ssize_t _frame_len(const uint8_t* p, Py_ssize_t avail, Py_ssize_t min_len,
@@ -70,7 +51,7 @@ cdef Py_ssize_t _frame_len(const uint8_t* p, Py_ssize_t avail, Py_ssize_t min_le
     cdef uint32_t body
     if avail < 4:
         return -1
-    body = _get_u32(p)
+    body = get_u32(p)
     if <Py_ssize_t>body + 4 > max_frame:
         raise FrameError(f"frame of {body + 4} bytes exceeds the limit of {max_frame}")
     if <Py_ssize_t>body + 4 < min_len:
@@ -111,15 +92,15 @@ def parse_requests(const uint8_t[::1] buf, Py_ssize_t max_frame):
         plen = flen - REQ_HEADER
         blob_lac = -1
         if plen >= 32:
-            blob_lac = <int64_t>_get_u64(p + REQ_HEADER + 16)
+            blob_lac = <int64_t>get_u64(p + REQ_HEADER + 16)
         out.append((
             p[5],
             (p[6] << 8) | p[7],
-            _get_u64(p + 8),
-            _get_u64(p + 16),
-            <int64_t>_get_u64(p + 24),
+            get_u64(p + 8),
+            get_u64(p + 16),
+            <int64_t>get_u64(p + 24),
             PyBytes_FromStringAndSize(<const char*>(p + 32), KEY_LEN),
-            _get_u32(p + 52),
+            get_u32(p + 52),
             PyBytes_FromStringAndSize(<const char*>(p + REQ_HEADER), plen),
             blob_lac,
         ))
@@ -148,10 +129,10 @@ def parse_responses(const uint8_t[::1] buf, Py_ssize_t max_frame):
         out.append((
             p[5],
             (p[6] << 8) | p[7],
-            _get_u64(p + 8),
-            _get_u64(p + 16),
-            <int64_t>_get_u64(p + 24),
-            <int64_t>_get_u64(p + 32),
+            get_u64(p + 8),
+            get_u64(p + 16),
+            <int64_t>get_u64(p + 24),
+            <int64_t>get_u64(p + 32),
             PyBytes_FromStringAndSize(<const char*>(p + RESP_HEADER), flen - RESP_HEADER),
         ))
         pos += flen
@@ -167,15 +148,15 @@ def encode_request(int op, int flags, uint64_t request_id, uint64_t ledger_id,
         raise ValueError("master_key must be 20 bytes")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, REQ_HEADER + plen)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
-    _put_u32(o, <uint32_t>(REQ_HEADER - 4 + plen))
+    put_u32(o, <uint32_t>(REQ_HEADER - 4 + plen))
     o[4] = 1
     o[5] = <uint8_t>op
-    _put_u16(o + 6, <uint16_t>flags)
-    _put_u64(o + 8, request_id)
-    _put_u64(o + 16, ledger_id)
-    _put_u64(o + 24, <uint64_t>entry_id)
+    put_u16(o + 6, <uint16_t>flags)
+    put_u64(o + 8, request_id)
+    put_u64(o + 16, ledger_id)
+    put_u64(o + 24, <uint64_t>entry_id)
     memcpy(o + 32, PyBytes_AS_STRING(master_key), KEY_LEN)
-    _put_u32(o + 52, aux)
+    put_u32(o + 52, aux)
     if plen:
         memcpy(o + REQ_HEADER, &pv[0], plen)
     return out
@@ -184,14 +165,14 @@ def encode_request(int op, int flags, uint64_t request_id, uint64_t ledger_id,
 cdef inline void _write_response(uint8_t* o, int op, int status, uint64_t request_id,
                                  uint64_t ledger_id, int64_t entry_id, int64_t lac,
                                  const uint8_t* payload, Py_ssize_t plen) noexcept:
-    _put_u32(o, <uint32_t>(RESP_HEADER - 4 + plen))
+    put_u32(o, <uint32_t>(RESP_HEADER - 4 + plen))
     o[4] = 1
     o[5] = <uint8_t>op
-    _put_u16(o + 6, <uint16_t>status)
-    _put_u64(o + 8, request_id)
-    _put_u64(o + 16, ledger_id)
-    _put_u64(o + 24, <uint64_t>entry_id)
-    _put_u64(o + 32, <uint64_t>lac)
+    put_u16(o + 6, <uint16_t>status)
+    put_u64(o + 8, request_id)
+    put_u64(o + 16, ledger_id)
+    put_u64(o + 24, <uint64_t>entry_id)
+    put_u64(o + 32, <uint64_t>lac)
     if plen:
         memcpy(o + RESP_HEADER, payload, plen)
 
@@ -235,5 +216,5 @@ def entry_header(const uint8_t[::1] payload):
     if payload.shape[0] < 32:
         raise FrameError("entry payload shorter than its 32-byte header")
     cdef const uint8_t* p = &payload[0]
-    return (_get_u64(p), <int64_t>_get_u64(p + 8), <int64_t>_get_u64(p + 16),
-            _get_u64(p + 24))
+    return (get_u64(p), <int64_t>get_u64(p + 8), <int64_t>get_u64(p + 16),
+            get_u64(p + 24))
