@@ -336,3 +336,18 @@ def test_ledger_read_of_password_protected_crc_ledger_needs_no_password(cluster5
     assert_one_line_error(bk("ledger", "read", str(lid), "--password", "nope", uri=cluster5.metadata_uri),
                           mentions="UnauthorizedError")
     assert_ok(bk("ledger", "read", str(lid), "--password", "pw", uri=cluster5.metadata_uri))
+
+
+def test_a_mistyped_metadata_root_is_an_error_not_an_empty_cluster(cluster5: LocalCluster) -> None:
+    """A client pointed at a path with no cluster says so, and creates nothing there."""
+    wrong = cluster5.metadata_uri.replace("/ledgers", "/ledgerz")
+    line = assert_one_line_error(bk("ledgers", "list", uri=wrong), mentions="no BookKeeper cluster")
+    assert "/ledgerz" in line
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster5.zk.connect_string)
+    zk.start(timeout=10)
+    try:
+        assert zk.exists("/ledgerz") is None
+    finally:
+        zk.stop()
+        zk.close()

@@ -156,7 +156,8 @@ class Shard:
             return 0
 
         def missing() -> list[int]:
-            store = ZkMetadataStore(self.cfg.metadata_uri, session_timeout_ms=self.cfg.zk_session_timeout_ms)
+            store = ZkMetadataStore(self.cfg.metadata_uri, session_timeout_ms=self.cfg.zk_session_timeout_ms,
+                                    create=False)
             try:
                 return [lid for lid in candidates if not store.ledger_exists(lid)]
             finally:

@@ -54,7 +54,8 @@ class BookKeeper:
         cfg = ClientConfig(**config).validate()
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
-            None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms))
+            None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms,
+                                    create=False))
         bk = cls(store, cfg, seed=seed)
         await bk.refresh_bookies()
         return bk

@@ -53,7 +53,10 @@ def ledger_path(root: str, ledger_id: int) -> str:
 class ZkMetadataStore:
     """Ledger metadata, bookie registrations, cookies and id allocation in ZooKeeper."""
 
-    def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 15.0) -> None:
+    def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 15.0,
+                 create: bool = True) -> None:
+        """Connect; create=True (bookies) lays out a new cluster's znodes, create=False (clients)
+        refuses a path that holds no cluster: a mistyped root must not look like an empty cluster."""
         self.uri = uri
         self.hosts, self.root = parse_metadata_uri(uri)
         self.zk = KazooClient(hosts=self.hosts, timeout=session_timeout_ms / 1000.0)
@@ -62,7 +65,12 @@ class ZkMetadataStore:
         except Exception as e:  # kazoo raises its own timeout type
             self.zk.close()
             raise BKError(f"cannot connect to ZooKeeper at {self.hosts}: {e}") from e
-        self.ensure_layout()
+        if create:
+            self.ensure_layout()
+        elif self.zk.exists(f"{self.root}/INSTANCEID") is None:
+            self.close()
+            raise BKError(f"no BookKeeper cluster at {uri}: {self.root}/INSTANCEID does not exist "
+                          f"(check the path, or start a bookie first)")
 
     def close(self) -> None:
         try:
