@@ -99,7 +99,7 @@ def test_admin_http_heartbeat_and_metrics(make_cluster, tmp_path) -> None:
     from bookkeeper.testing.cluster import free_port_block
 
     port = free_port_block()
-    cluster: LocalCluster = make_cluster(bookies=1, shards=1, bookie_conf={"http_port": port})
+    make_cluster(bookies=1, shards=1, bookie_conf={"http_port": port})
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/heartbeat", timeout=5) as r:
         assert r.status == 200 and r.read() == b"OK\n"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:

@@ -66,7 +66,7 @@ def test_rack_aware_placement_on_a_real_cluster(make_cluster) -> None:
     """Bookies register their rack; ledgers spread write sets over racks; strict mode refuses
     what cannot be spread; an ensemble change replaces a killed bookie within the rule."""
     cluster = make_cluster(bookies=0, shards=1)
-    for r, i in itertools.product(range(3), range(2)):
+    for r, _ in itertools.product(range(3), range(2)):
         cluster.add_bookie(wait=False, rack=f"/rack{r}")
     cluster.wait_registered()
 
