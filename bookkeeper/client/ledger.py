@@ -54,6 +54,82 @@ class LedgerEntry:
     ledger_id: int = -1
 
 
+_DENIALS = (NoSuchEntryError, NoSuchLedgerError)
+
+
+class _EntryRead:
+    """The read of one entry (client loop only): the next replica is asked when the current
+    one errs, or after the speculative delay with no answer; the first copy that passes its
+    digest wins. A slotted object, not closures: a range read makes one per entry."""
+
+    __slots__ = ("h", "entry_id", "flags", "replicas", "fut", "errors", "next", "outstanding", "timer")
+
+    def __init__(self, handle: ReadHandle, entry_id: int, flags: int, replicas: list[str]) -> None:
+        self.h = handle
+        self.entry_id = entry_id
+        self.flags = flags
+        self.replicas = replicas
+        self.fut: asyncio.Future[ReadResult] = handle._loop.create_future()
+        self.errors: list[BKError] = []
+        self.next = 0
+        self.outstanding = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.send_next()
+
+    def send_next(self) -> bool:
+        if self.next >= len(self.replicas) or self.fut.done():
+            return False
+        h = self.h
+        bookie = self.replicas[self.next]
+        self.next += 1
+        self.outstanding += 1
+        cfg = h._bk.config
+        h._bk.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
+                        lambda resp, err: self.on_response(bookie, resp, err), cfg.read_timeout_s)
+        if cfg.speculative_read_timeout_ms and self.next < len(self.replicas):
+            self.timer = h._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, self.speculate)
+        return True
+
+    def speculate(self) -> None:
+        self.timer = None
+        if not self.fut.done():
+            self.h._bk.stats["speculative_reads"] += 1
+            self.send_next()
+
+    def on_response(self, bookie: str, resp: tuple | None, err: BKError | None) -> None:
+        self.outstanding -= 1
+        h = self.h
+        if self.fut.done():
+            if err is not None and not isinstance(err, _DENIALS):
+                h._bk.health.penalize(bookie)  # a late failure still marks the bookie slow
+            return
+        if err is None:
+            assert resp is not None
+            try:
+                result = h._digest.verify(resp[6], self.entry_id)
+            except DigestMismatchError as e:
+                err = e
+            else:
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.fut.set_result(result)
+                return
+        if not isinstance(err, _DENIALS):
+            h._bk.health.penalize(bookie)
+        self.errors.append(err)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.send_next() and self.outstanding == 0:
+            if all(isinstance(e, _DENIALS) for e in self.errors):
+                self.fut.set_exception(NoSuchEntryError(f"entry {h.ledger_id}:{self.entry_id} not found on its "
+                                                        f"write set"))
+            else:
+                last = next(e for e in reversed(self.errors) if not isinstance(e, _DENIALS))
+                self.fut.set_exception(type(last)(f"entry {h.ledger_id}:{self.entry_id}: every replica failed: "
+                                                  f"{last}"))
+
+
 class ReadHandle:
     """Reads a ledger (closed, or open and read up to its LAC)."""
 
@@ -81,72 +157,12 @@ class ReadHandle:
 
     # -- reads -------------------------------------------------------------
     def _read_entry(self, entry_id: int, *, flags: int = 0) -> asyncio.Future[ReadResult]:
-        """One entry from its write set: penalized replicas last, speculative retries.
-
-        The next replica is asked when the current one errs, or after the speculative
-        delay with no answer; the first copy that passes its digest wins.
-        """
-        bk, md = self._bk, self.metadata
-        cfg = bk.config
+        """One entry from its write set: penalized replicas last, speculative retries."""
+        md = self.metadata
         ensemble = md.ensemble_for(entry_id)
-        replicas = bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)])
-        fut: asyncio.Future[ReadResult] = self._loop.create_future()
-        errors: list[BKError] = []
-        state = {"next": 0, "outstanding": 0}
-        timer: list[asyncio.TimerHandle | None] = [None]
-
-        def send_next() -> bool:
-            if state["next"] >= len(replicas) or fut.done():
-                return False
-            bookie = replicas[state["next"]]
-            state["next"] += 1
-            state["outstanding"] += 1
-            bk.pool.send(bookie, Op.READ_ENTRY, flags, self.ledger_id, entry_id, self._key, 0, b"",
-                         lambda resp, err: on_response(bookie, resp, err), cfg.read_timeout_s)
-            if cfg.speculative_read_timeout_ms and state["next"] < len(replicas):
-                timer[0] = self._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, speculate)
-            return True
-
-        def speculate() -> None:
-            timer[0] = None
-            if not fut.done():
-                bk.stats["speculative_reads"] += 1
-                send_next()
-
-        def on_response(bookie: str, resp: tuple | None, err: BKError | None) -> None:
-            state["outstanding"] -= 1
-            if fut.done():
-                if err is not None and not isinstance(err, (NoSuchEntryError, NoSuchLedgerError)):
-                    bk.health.penalize(bookie)  # a late failure still marks the bookie slow
-                return
-            if err is None:
-                assert resp is not None
-                try:
-                    result = self._digest.verify(resp[6], entry_id)
-                except DigestMismatchError as e:
-                    err = e
-                else:
-                    if timer[0] is not None:
-                        timer[0].cancel()
-                    fut.set_result(result)
-                    return
-            if not isinstance(err, (NoSuchEntryError, NoSuchLedgerError)):
-                bk.health.penalize(bookie)
-            errors.append(err)
-            if timer[0] is not None:
-                timer[0].cancel()
-                timer[0] = None
-            if not send_next() and state["outstanding"] == 0:
-                if all(isinstance(e, (NoSuchEntryError, NoSuchLedgerError)) for e in errors):
-                    fut.set_exception(NoSuchEntryError(f"entry {self.ledger_id}:{entry_id} not found on its "
-                                                       f"write set"))
-                else:
-                    last = next(e for e in reversed(errors) if not isinstance(e, (NoSuchEntryError,
-                                                                                  NoSuchLedgerError)))
-                    fut.set_exception(type(last)(f"entry {self.ledger_id}:{entry_id}: every replica failed: {last}"))
-
-        send_next()
-        return fut
+        replicas = self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size,
+                                                                         md.write_quorum)])
+        return _EntryRead(self, entry_id, flags, replicas).fut
 
     async def _read_one(self, entry_id: int) -> ReadResult:
         return await self._read_entry(entry_id)
