@@ -468,7 +468,8 @@ def test_journal_replay_from_checkpoint_mark_skips_earlier_records(tmp_path: Pat
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_journal_grows_file_past_preallocation(tmp_path: Path, kind: str) -> None:
-    """Blocks past the preallocated size still land in the file and replay (the file is grown as needed)."""
+    """Blocks past the preallocated size roll to the next zero-filled file (or extend a file for a block
+    larger than a whole file); every record replays, in order."""
     expected = recs(40, size=1500)
 
     async def main() -> None:
@@ -483,7 +484,7 @@ def test_journal_grows_file_past_preallocation(tmp_path: Path, kind: str) -> Non
                 await asyncio.sleep(0)
         await asyncio.wait_for(j.drain(), 10)
         assert sink.durable_items == list(range(len(expected)))
-        assert j.file_ids() == [j.file_id]
+        assert j.file_ids()[-1] == j.file_id
         j.close()
         syncer.close()
 
@@ -810,3 +811,30 @@ def test_roll_with_appends_from_the_durable_callback_keeps_every_record(tmp_path
         assert res.files > 2 and res.blocks_torn == 0
         assert [r[2] for r in records] == sorted(done)
     uvloop.run(main())
+
+
+def test_journal_files_are_zero_filled_and_the_spare_is_prepared(tmp_path: Path) -> None:
+    """A journal file is written zeros up front (no unwritten extents to convert on every sync), and
+    the next one waits ready as a spare, which a roll renames into place."""
+    from bookkeeper.bookie.journal.journal import SPARE_FILE
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = make_syncer_of("thread", loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=64 * 1024)
+        j.start()
+        first = j._path(j.file_id)
+        st = os.stat(first)
+        assert st.st_size == 64 * 1024 and st.st_blocks * 512 >= 64 * 1024  # allocated and written
+        j._spare.result(timeout=10)
+        assert (tmp_path / SPARE_FILE).stat().st_size == 64 * 1024
+        for i in range(40):  # 40 x ~3 KiB records: more than one 64 KiB file
+            j.append(1, 5, i, b"s" * 3000, item=i)
+            await asyncio.wait_for(j.drain(), 10)
+        assert len(j.file_ids()) >= 2
+        j.close()
+        syncer.close()
+
+    run(main)
+    got, res = replay_all(tmp_path)
+    assert [r[2] for r in got] == list(range(40)) and res.blocks_torn == 0

@@ -18,6 +18,8 @@ from bookkeeper.client import BookKeeper
 from bookkeeper.proto import shard_for_ledger
 from bookkeeper.testing.cluster import LocalCluster
 
+PRODUCTION_JOURNAL = {"journal_preallocate_bytes": 64 << 20}  # the bookie default, not the test harness's
+
 
 def _rss(cluster: LocalCluster) -> dict[str, float | None]:
     out: dict[str, float | None] = {f"client[{os.getpid()}]": peak_rss_mb(os.getpid())}
@@ -91,7 +93,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
                  open_loop_rate: float = 0.0, sync: str = "io_uring") -> BenchResult:
     """One bookie (supervisor + shards), E=Qw=Qa=1, durable adds over loopback."""
     cluster = LocalCluster(tempfile.mkdtemp(prefix="bookie-", dir=directory), bookies=1, shards=shards,
-                           journal_sync=sync)
+                           journal_sync=sync, bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
     h = histogram()
     try:
@@ -113,7 +115,8 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
 
 def cluster_bench(directory: str, *, size: int, seconds: float, window: int, sync: str = "io_uring") -> BenchResult:
     """3 bookies, a 3/2/2 ledger: add throughput and latency, and a tailing reader's delay after each ack."""
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync,
+                           bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
     h = histogram()
     tail_h = histogram()
@@ -148,7 +151,8 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int, syn
 def read_bench(directory: str, *, size: int, entries: int, sync: str = "io_uring") -> BenchResult:
     """Catch-up reads of a cold ledger: written, bookie restarted (write cache flushed to the
     entry log by the checkpoint on stop), then read whole."""
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="read-", dir=directory), bookies=1, shards=1, journal_sync=sync)
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="read-", dir=directory), bookies=1, shards=1, journal_sync=sync,
+                           bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
     h = histogram()
     try:

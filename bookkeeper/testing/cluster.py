@@ -78,7 +78,9 @@ class LocalBookie:
             "metadata_uri": metadata_uri, "bind_address": "127.0.0.1", "advertised_address": "127.0.0.1",
             "port": self.port, "shards": shards, "journal_dir": str(self.dir / "journal"),
             "ledger_dirs": [str(self.dir / "ledgers")], "journal_sync": journal_sync,
-            "zk_session_timeout_ms": 4000, **(extra or {}),
+            "zk_session_timeout_ms": 4000,
+            # Small zero-filled journal files: many bookies start in a test run (override for benches).
+            "journal_preallocate_bytes": 4 << 20, **(extra or {}),
         }
         self.conf_path = self.dir / "bookie.toml"
         self.proc: subprocess.Popen[bytes] | None = None

