@@ -31,6 +31,13 @@ def test_bench_limits_and_journal_print_json(tmp_path: Path) -> None:
     assert journal["results"][0]["sync"] == "thread" and journal["results"][0]["entries_per_fsync"] >= 1
 
 
+def test_bench_bookie_in_shard_reports_each_shard(tmp_path: Path) -> None:
+    """--in-shard drives each pinned shard's storage path with no network; one figure per shard."""
+    doc = bench("bookie", "--in-shard", "--shards", "2", "--window", "200", "--seconds", "2", tmp=tmp_path)
+    assert len(doc["per_shard_ops_per_s"]) == 2 and all(x > 0 for x in doc["per_shard_ops_per_s"])
+    assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
 @pytest.mark.parametrize("args", [["bookie", "--shards", "1", "--window", "50"], ["cluster", "--window", "50"],
                                   ["read", "--entries", "2000"]], ids=["bookie", "cluster", "read"])
 def test_bench_over_real_bookies_prints_json_and_rss(tmp_path: Path, args: list[str]) -> None:

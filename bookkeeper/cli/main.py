@@ -249,6 +249,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 results = run_limits(str(work), args.seconds)
             elif args.bench == "journal":
                 results = run_journal(str(work), args.seconds, sync=args.sync, sizes=sizes or SIZES)
+            elif args.bench == "bookie" and args.in_shard:
+                from bookkeeper.bench.shard import in_shard_bench
+                results = [in_shard_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
+                                          window=args.window, sync=args.sync) for s in (args.shards or [1, 2])]
             elif args.bench == "bookie":
                 results = [bookie_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
                                         window=args.window, open_loop_rate=args.rate, sync=args.sync)
@@ -348,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], help="bookie: repeat to compare")
     s.add_argument("--window", type=int, default=1000, help="closed loop: adds in flight")
     s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
+    s.add_argument("--in-shard", action="store_true",
+                   help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
     s.set_defaults(func=cmd_bench)
 
