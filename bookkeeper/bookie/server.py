@@ -41,6 +41,12 @@ from bookkeeper.proto import (
 log = logging.getLogger(__name__)
 
 Response = tuple[int, int, int, int, int, int, bytes]
+# Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
+_ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
+_OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
+_FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
+_RECOVERY_ADD = int(Flag.RECOVERY_ADD)
+_NO_REPLY = (None, None)
 BOOKIE_INFO = struct.Struct(">QQHH")
 LONG_POLL_MAX_MS = 60_000
 
@@ -119,7 +125,7 @@ class ShardServer:
         self.paused: set[BookieProtocol] = set()
         # Journal bytes queued behind the sync in flight before senders are paused.
         self.journal_queue_bytes_max = 4 * max_frame_bytes
-        self.counters: dict[str, int] = defaultdict(int)
+        self.counters: dict[int | str, int] = defaultdict(int)  # per op code, and "bad_frames"
         # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
 
@@ -165,15 +171,15 @@ class ShardServer:
     # -- dispatch --------------------------------------------------------------
     def dispatch(self, conn: BookieProtocol, frame: tuple) -> None:
         op, flags, req_id, ledger_id, entry_id, key, aux, payload, blob_lac = frame
-        self.counters[f"op_{op}"] += 1
+        self.counters[op] += 1
         try:
-            if op == Op.ADD_ENTRY:
+            if op == _ADD:
                 self._add(conn, flags, req_id, ledger_id, entry_id, key, payload, blob_lac)
-            elif op == Op.READ_ENTRY:
+            elif op == _READ:
                 self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
-            elif op == Op.READ_LAC:
+            elif op == _READ_LAC:
                 self._read_lac(conn, flags, req_id, ledger_id, key)
-            elif op == Op.GET_BOOKIE_INFO:
+            elif op == _INFO:
                 usage = shutil.disk_usage(self.data_dir)
                 conn.respond((op, Status.OK, req_id, 0, 0, -1,
                               BOOKIE_INFO.pack(usage.free, usage.total, self.shard_index, self.shards)))
@@ -189,33 +195,33 @@ class ShardServer:
 
     def _add(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
              key: bytes, payload: bytes, blob_lac: int) -> None:
-        op = Op.ADD_ENTRY
-
-        def fail(status: Status) -> None:
-            conn.respond((op, status, req_id, ledger_id, entry_id, -1, b""))
-
+        """The hot path: plain ints, no closures; ownership is checked when a ledger is first seen."""
+        status = _OK
+        st = self.storage.ledgers.get(ledger_id)
         if self.readonly:
-            return fail(Status.READ_ONLY)
-        if entry_id < 0 or len(payload) < ENTRY_HEADER_BYTES or self._wrong_shard(ledger_id):
-            return fail(Status.BAD_REQUEST)
-        blob_ledger, blob_entry, _, _ = entry_header(payload)
-        if blob_ledger != ledger_id or blob_entry != entry_id:
-            return fail(Status.BAD_REQUEST)
-        st = self.storage.ledger(ledger_id)
-        journal = self.journal
-        assert journal is not None
-        if st is None:
-            if key == NO_KEY:
-                return fail(Status.UNAUTHORIZED)
-            st = self.storage.create_ledger(ledger_id, key)
-            journal.append(REC_MASTER_KEY, ledger_id, -1, key, (None, None))
-        elif st.master_key != key:
-            return fail(Status.UNAUTHORIZED)
-        if st.fenced and not flags & Flag.RECOVERY_ADD:
-            return fail(Status.FENCED)
+            status = _READ_ONLY
+        elif entry_id < 0 or len(payload) < ENTRY_HEADER_BYTES or (st is None and self._wrong_shard(ledger_id)):
+            status = _BAD_REQUEST
+        else:
+            blob_ledger, blob_entry, _, _ = entry_header(payload)
+            if blob_ledger != ledger_id or blob_entry != entry_id:
+                status = _BAD_REQUEST
+            elif st is None:
+                if key == NO_KEY:
+                    status = _UNAUTHORIZED
+                else:
+                    st = self.storage.create_ledger(ledger_id, key)
+                    self.journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)  # type: ignore[union-attr]
+            elif st.master_key != key:
+                status = _UNAUTHORIZED
+            if status == _OK and st.fenced and not flags & _RECOVERY_ADD:  # type: ignore[union-attr]
+                status = _FENCED
+        if status != _OK:
+            conn.respond((_ADD, status, req_id, ledger_id, entry_id, -1, b""))
+            return
         self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
-        journal.append(REC_ADD, ledger_id, entry_id, payload,
-                       (conn, (op, Status.OK, req_id, ledger_id, entry_id, st.lac, b"")))
+        self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
+                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b"")))  # type: ignore[union-attr]
 
     def _fence(self, ledger_id: int, key: bytes) -> tuple[LedgerState | None, Status]:
         """Fence a ledger, creating its state if this shard never saw it.
@@ -230,7 +236,7 @@ class ShardServer:
         assert journal is not None
         if st is None:
             st = self.storage.create_ledger(ledger_id, key)
-            journal.append(REC_MASTER_KEY, ledger_id, -1, key, (None, None))
+            journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)
         elif st.master_key != key:
             return st, Status.UNAUTHORIZED
         st.fenced = True

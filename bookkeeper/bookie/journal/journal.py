@@ -212,6 +212,8 @@ class Journal:
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
+        if self._inflight_items is not None:
+            return  # one sync in flight: the batch fills until it returns (policy.flush_reason)
         reason = flush_reason(
             batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
             oldest_wait_us=int((time.monotonic() - self._batch_started) * 1e6) if self._batch.count else 0,

@@ -131,8 +131,10 @@ class LedgerStorage:
         self.write_cache_bytes += len(data)
         st = self.ledgers.get(ledger_id)
         if st is not None:
-            st.lac = max(st.lac, lac)
-            st.last_entry = max(st.last_entry, entry_id)
+            if lac > st.lac:
+                st.lac = lac
+            if entry_id > st.last_entry:
+                st.last_entry = entry_id
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         key = (ledger_id, entry_id)
