@@ -374,8 +374,9 @@ class WriteHandle(ReadHandle):
                            self._bk.config.add_timeout_s)
 
     def _on_add_response(self, entry_id: int, idx: int, bookie: str, err: BKError | None) -> None:
-        if entry_id not in self._futures or self.metadata.ensemble_for(entry_id)[idx] != bookie:
-            return  # already settled, or from a bookie replaced since
+        sent = self._sent.get(entry_id)
+        if sent is None or sent.get(idx) != bookie:
+            return  # already settled, or from a bookie replaced since (resent elsewhere)
         if err is None and bookie in self._failed_bookies:
             return  # being replaced: its acks no longer count (the entry is resent to its replacement)
         if err is None:

@@ -74,6 +74,9 @@ class LedgerMetadata:
 
     def ensemble_for(self, entry_id: int) -> list[str]:
         """The ensemble of the segment that holds entry_id."""
+        last = max(self.ensembles)
+        if entry_id >= last:  # the common case: the writer's current segment
+            return self.ensembles[last]
         chosen = None
         for first in sorted(self.ensembles):
             if first <= entry_id:
