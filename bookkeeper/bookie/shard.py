@@ -174,7 +174,8 @@ class Shard:
 
 def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this shard when its supervisor dies (PR_SET_PDEATHSIG): a shard never outlives
-    the supervisor that owns its directories and registration."""
+    the supervisor that owns its directories and registration. (The supervisor starts shards
+    from its main thread, which lives as long as the process: the signal follows the process.)"""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")

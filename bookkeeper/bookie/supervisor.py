@@ -99,8 +99,9 @@ def lock_directories(cfg: BookieConfig) -> list[int]:
 class Supervisor:
     """Runs the shard processes of one bookie and keeps its registration."""
 
-    def __init__(self, cfg: BookieConfig) -> None:
+    def __init__(self, cfg: BookieConfig, *, parent_pid: int = 0) -> None:
         self.cfg = cfg
+        self.parent_pid = parent_pid  # stop when this process is gone (0: never)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts = 0
         self._stop = threading.Event()
@@ -173,6 +174,9 @@ class Supervisor:
 
     def _monitor(self) -> None:
         while not self._stop.wait(0.2):
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                log.warning("parent process %d is gone: stopping", self.parent_pid)
+                return
             for i, proc in list(self.procs.items()):
                 if proc.poll() is not None:
                     log.warning("shard %d exited (code %s): restarting", i, proc.returncode)
@@ -234,8 +238,12 @@ class Supervisor:
 
 
 def run_bookie(cfg: BookieConfig) -> int:
-    """Run a bookie in the foreground until SIGTERM/SIGINT."""
-    sup = Supervisor(cfg)
+    """Run a bookie in the foreground until SIGTERM/SIGINT.
+
+    BK_PARENT_PID (set by bookkeeper.testing): stop gracefully when that process dies, so a
+    killed test run or sandbox never leaves bookies behind.
+    """
+    sup = Supervisor(cfg, parent_pid=int(os.environ.get("BK_PARENT_PID", "0") or 0))
     signal.signal(signal.SIGTERM, sup.stop)
     signal.signal(signal.SIGINT, sup.stop)
     return sup.run()

@@ -206,7 +206,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     def on_signal(*_: Any) -> None:
         nonlocal stop
         stop = True
+    # Ctrl-C and SIGTERM only raise a flag: the cleanup below always runs to the end, however
+    # many signals arrive (a KeyboardInterrupt inside it would orphan the bookies).
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     err.print(f"starting ZooKeeper and {args.bookies} bookies under {directory} ...")
     cluster.start()
     try:
@@ -214,6 +217,8 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             async with await BookKeeper.connect(cluster.metadata_uri) as bk:
                 return await simpletest(bk, ensemble=min(3, args.bookies), write_quorum=min(2, args.bookies),
                                         ack_quorum=min(2, args.bookies), entries=1000, quiet=True)
+        if stop:
+            return 130
         if uvloop.run(smoke()) != 0:
             err.print("[red]smoke test failed[/]")
             return 1
@@ -225,7 +230,6 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan bookies
         err.print("stopping sandbox ...")
         cluster.stop()
     return 0

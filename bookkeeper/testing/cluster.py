@@ -107,7 +107,7 @@ class LocalBookie:
         log = open(self.dir / "bookie.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", "-v", "bookie", "--conf",
                                       str(self.conf_path)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, "BK_PARENT_PID": str(os.getpid())})
         log.close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
