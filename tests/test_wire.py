@@ -470,3 +470,14 @@ def test_shard_for_ledger_known_values() -> None:
         h = ((lid * 0x9E3779B97F4A7C15) % 2**64) >> 32
         assert shard_for_ledger(lid, 3) == h % 3
         assert shard_for_ledger(lid, 2) == h % 2
+
+
+def test_frame_error_carries_the_valid_frames_before_it() -> None:
+    """The requests that precede a bad frame in one buffer are handed over with the error, so a
+    shard answers them before it closes the connection (invariant 4: bad input costs only itself)."""
+    from bookkeeper.proto import NO_KEY, FrameError, encode_request, parse_requests
+
+    good = [encode_request(2, 0, rid, 1, rid, NO_KEY, 0, b"") for rid in (1, 2)]
+    with pytest.raises(FrameError) as info:
+        parse_requests(b"".join(good) + b"GET / HTTP/1.1\r\n\r\n" + bytes(64), 1 << 20)
+    assert [f[2] for f in info.value.frames] == [1, 2]

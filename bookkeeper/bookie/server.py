@@ -60,6 +60,7 @@ class BookieProtocol(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[Response] = []
         self.closed = False
+        self._refusing = False  # a bad frame arrived: answer what came before it, then close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -72,6 +73,8 @@ class BookieProtocol(asyncio.Protocol):
         self.shard.forget_waiters(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._refusing:
+            return
         self._buf += data
         try:
             frames, used = parse_requests(self._buf, self.shard.max_frame_bytes)
@@ -79,13 +82,26 @@ class BookieProtocol(asyncio.Protocol):
             self.shard.counters["bad_frames"] += 1
             log.info("closing connection %s: %s", self.peer, e)
             self._buf.clear()
-            self.close()
+            self._refusing = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+            for frame in e.frames:  # the valid requests before the bad frame are still answered
+                self.shard.dispatch(self, frame)
+            self.flush()
+            asyncio.get_running_loop().create_task(self._close_when_answered())
             return
         del self._buf[:used]
         for frame in frames:
             self.shard.dispatch(self, frame)
         self.flush()
         self.shard.apply_backpressure(self)
+
+    async def _close_when_answered(self) -> None:
+        """Close once the adds accepted before a bad frame are durable and answered."""
+        journal = self.shard.journal
+        if journal is not None:
+            await journal.drain()
+        self.close()
 
     @property
     def peer(self) -> Any:

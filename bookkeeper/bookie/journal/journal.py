@@ -51,7 +51,7 @@ class ReplayResult:
     last_file_id: int = 0
 
 
-def _zero_fill(path: Path, size: int) -> None:
+def zero_fill(path: Path, size: int) -> None:
     """Create (or truncate) path and write `size` zero bytes, durably."""
     chunk = bytes(min(size, 1 << 20))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -127,7 +127,7 @@ class Journal:
             self._spare.result()  # normally long done; waits only if rolls outpace the filler
             os.rename(self.dir / SPARE_FILE, path)
         else:
-            _zero_fill(path, self.preallocate_bytes)
+            zero_fill(path, self.preallocate_bytes)
         fd = os.open(path, os.O_RDWR)
         header = _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id).ljust(BLOCK_ALIGN, b"\0")
         os.pwrite(fd, header, 0)
@@ -142,7 +142,7 @@ class Journal:
         self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
         if self._filler is None:
             self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
-        self._spare = self._filler.submit(_zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
+        self._spare = self._filler.submit(zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
 
     def start(self) -> None:
         """Open a fresh journal file (after replay)."""

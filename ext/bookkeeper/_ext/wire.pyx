@@ -32,7 +32,13 @@ ENTRY_HEADER_BYTES = 32
 
 
 class FrameError(ValueError):
-    """A frame that can never be parsed: the connection that sent it must be closed."""
+    """A frame that can never be parsed: the connection that sent it must be closed.
+
+    `frames` holds the complete, valid requests that came before it in the same buffer
+    (parse_requests fills it), so they are still answered before the connection closes.
+    """
+
+    frames: list = []
 
 
 
@@ -86,7 +92,11 @@ def parse_requests(const uint8_t[::1] buf, Py_ssize_t max_frame):
         return out, 0
     while pos < n:
         p = &buf[pos]
-        flen = _frame_len(p, n - pos, REQ_HEADER, max_frame)
+        try:
+            flen = _frame_len(p, n - pos, REQ_HEADER, max_frame)
+        except FrameError as e:
+            e.frames = out
+            raise
         if flen < 0:
             break
         plen = flen - REQ_HEADER
