@@ -34,6 +34,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         c.stop()
 
 
+async def until(condition, task: asyncio.Task, timeout_s: float = 30.0) -> None:  # noqa: ANN001
+    """Wait for condition(), failing at once with the task's own error if the task ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if task.done():
+            task.result()
+            raise AssertionError("the task ended before the condition held")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout_s}s")
+        await asyncio.sleep(0.01)
+
+
 def _heal(cluster: LocalCluster) -> None:
     """Every bookie running and registered again, whatever the test did to it."""
     for b in cluster.bookies:
@@ -71,8 +83,7 @@ def test_recovery_open_fences_a_writer_that_keeps_adding(cluster) -> None:
                     await asyncio.sleep(0)
 
             task = asyncio.create_task(writer())
-            while len(acked) < 200:
-                await asyncio.sleep(0.01)
+            await until(lambda: len(acked) >= 200, task)
             rh = await b.open_ledger(lh.ledger_id, password=b"f")
             await asyncio.wait_for(fenced.wait(), 30)
             await task
@@ -214,8 +225,7 @@ def test_tailing_reader_follows_a_killed_writer_to_the_closed_end(cluster, tmp_p
                         seen.append(e.entry_id)
 
                 task = asyncio.create_task(tailer())
-                while len(seen) < 100:
-                    await asyncio.sleep(0.01)
+                await until(lambda: len(seen) >= 100, task)
                 proc.kill()
                 proc.wait()
                 acked = [json.loads(line)["acked"] for line in proc.stdout.read().splitlines()
@@ -225,7 +235,7 @@ def test_tailing_reader_follows_a_killed_writer_to_the_closed_end(cluster, tmp_p
                 await asyncio.wait_for(task, 30)
                 assert seen == list(range(len(seen)))
                 assert seen[-1] == closed.last_add_confirmed
-                assert not acked or seen[-1] >= max(acked)
+                assert acked and seen[-1] >= max(acked)
                 print(f"tail saw {len(seen)} entries; the ledger closed at {closed.last_add_confirmed}")
         run(main())
     finally:
@@ -327,6 +337,8 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
                         if md.ensembles.get(0) != orig:
                             break
                         await asyncio.sleep(0.05)
+                    else:
+                        raise AssertionError("recovery 1 never changed the writer's segment: nothing tested")
                     raise Crash("recovery 1 dies here")
                 return await real(bk, handle, entry_id)
 

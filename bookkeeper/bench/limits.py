@@ -18,7 +18,7 @@ from pathlib import Path
 import uvloop
 
 from bookkeeper.bench import BenchResult, histogram, latency_ms
-from bookkeeper.bookie.journal.journal import zero_fill
+from bookkeeper.bookie.files import zero_fill
 
 BATCH_SIZES = (4096, 65536, 1 << 20)
 

@@ -76,25 +76,24 @@ class BookieProtocol(asyncio.Protocol):
         if self._refusing:
             return
         self._buf += data
+        bad: FrameError | None = None
         try:
             frames, used = parse_requests(self._buf, self.shard.max_frame_bytes)
-        except FrameError as e:
-            self.shard.counters["bad_frames"] += 1
-            log.info("closing connection %s: %s", self.peer, e)
-            self._buf.clear()
-            self._refusing = True
-            if self.transport is not None:
-                self.transport.pause_reading()
-            for frame in e.frames:  # the valid requests before the bad frame are still answered
-                self.shard.dispatch(self, frame)
-            self.flush()
-            asyncio.get_running_loop().create_task(self._close_when_answered())
-            return
+        except FrameError as e:  # the valid requests before the bad frame are still answered
+            bad, frames, used = e, e.frames, len(self._buf)
         del self._buf[:used]
         for frame in frames:
             self.shard.dispatch(self, frame)
         self.flush()
-        self.shard.apply_backpressure(self)
+        if bad is None:
+            self.shard.apply_backpressure(self)
+            return
+        self.shard.counters["bad_frames"] += 1
+        log.info("closing connection %s: %s", self.peer, bad)
+        self._refusing = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        asyncio.get_running_loop().create_task(self._close_when_answered())
 
     async def _close_when_answered(self) -> None:
         """Close once the adds accepted before a bad frame are durable and answered."""
@@ -165,14 +164,18 @@ class ShardServer:
     def on_durable(self, items: list[Any]) -> None:
         """A journal batch is durable: answer its adds, one write per connection."""
         per_conn: dict[BookieProtocol, list[Response]] = {}
+        waiting = self._waiters
+        woken: set[int] = set()
         for conn, resp in items:
             if conn is None:
                 continue
             per_conn.setdefault(conn, []).append(resp)
-            if resp[0] == Op.ADD_ENTRY and resp[3] in self._waiters:
-                self._wake(resp[3])
+            if waiting and resp[0] == _ADD and resp[3] in waiting:
+                woken.add(resp[3])
         for conn, responses in per_conn.items():
             conn.send_now(responses)
+        for ledger_id in woken:  # once per ledger per batch, after the batch's LAC moved
+            self._wake(ledger_id)
         self._release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
@@ -226,8 +229,7 @@ class ShardServer:
                 if key == NO_KEY:
                     status = _UNAUTHORIZED
                 else:
-                    st = self.storage.create_ledger(ledger_id, key)
-                    self.journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)  # type: ignore[union-attr]
+                    st = self._new_ledger(ledger_id, key)
             elif st.master_key != key:
                 status = _UNAUTHORIZED
             if status == _OK and st.fenced and not flags & _RECOVERY_ADD:  # type: ignore[union-attr]
@@ -239,6 +241,12 @@ class ShardServer:
         self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
                             (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b"")))  # type: ignore[union-attr]
 
+    def _new_ledger(self, ledger_id: int, key: bytes) -> LedgerState:
+        """First sight of a ledger on this shard: its state, and its master key journaled."""
+        st = self.storage.create_ledger(ledger_id, key)
+        self.journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)  # type: ignore[union-attr]
+        return st
+
     def _fence(self, ledger_id: int, key: bytes) -> tuple[LedgerState | None, Status]:
         """Fence a ledger, creating its state if this shard never saw it.
 
@@ -248,11 +256,8 @@ class ShardServer:
         st = self.storage.ledger(ledger_id)
         if key == NO_KEY:
             return st, Status.UNAUTHORIZED
-        journal = self.journal
-        assert journal is not None
         if st is None:
-            st = self.storage.create_ledger(ledger_id, key)
-            journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)
+            st = self._new_ledger(ledger_id, key)
         elif st.master_key != key:
             return st, Status.UNAUTHORIZED
         st.fenced = True

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvloop
@@ -30,6 +31,7 @@ from bookkeeper.bookie.journal.journal import Record
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.config import BookieConfig
+from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import entry_header
 
 log = logging.getLogger("bookkeeper.shard")
@@ -70,6 +72,7 @@ class Shard:
         self.server.journal = self.journal
         self._checkpointing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._meta: ZkMetadataStore | None = None  # for garbage collection only
 
     def _on_durable(self, items: list) -> None:
         self.server.on_durable(items)
@@ -95,7 +98,7 @@ class Shard:
         except BaseException:
             self.storage.flush_failed(snap)  # nothing lost, journal kept: the next checkpoint retries
             raise
-        self.storage.flush_done()
+        self.storage.flush_done(snap)
         self.journal.trim(mark[0])
 
     async def run(self) -> None:
@@ -116,7 +119,7 @@ class Shard:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # nobody reads the pipe after READY: never block on a full one
         os.close(devnull)
-        periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self.checkpoint)),
+        periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self._checkpoint_now)),
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect))]
         await self._stopping.wait()
         srv.close()
@@ -131,17 +134,20 @@ class Shard:
         self.journal.close()
         self.syncer.close()
         self.storage.close()
+        if self._meta is not None:
+            await self.loop.run_in_executor(None, self._meta.close)
         log.info("shard %d stopped", self.index)
 
-    async def _every(self, interval_s: float, job) -> None:  # noqa: ANN001
+    async def _checkpoint_now(self) -> None:
+        """Run (or join) a checkpoint; its failure is logged by its done callback."""
+        self.request_checkpoint()
+        await asyncio.gather(self._checkpointing, return_exceptions=True)  # type: ignore[arg-type]
+
+    async def _every(self, interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                if job == self.checkpoint:
-                    self.request_checkpoint()
-                    await asyncio.gather(self._checkpointing, return_exceptions=True)  # logged by its callback
-                else:
-                    await job()
+                await job()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -149,19 +155,15 @@ class Shard:
 
     async def garbage_collect(self) -> int:
         """Drop ledgers whose metadata is gone (deleted): metadata is created before any add."""
-        from bookkeeper.meta.zk import ZkMetadataStore
-
         candidates = list(self.storage.ledgers)
         if not candidates:
             return 0
 
         def missing() -> list[int]:
-            store = ZkMetadataStore(self.cfg.metadata_uri, session_timeout_ms=self.cfg.zk_session_timeout_ms,
-                                    create=False)
-            try:
-                return [lid for lid in candidates if not store.ledger_exists(lid)]
-            finally:
-                store.close()
+            if self._meta is None:  # one ZooKeeper session per shard, made on first use and kept
+                self._meta = ZkMetadataStore(self.cfg.metadata_uri, create=False,
+                                             session_timeout_ms=self.cfg.zk_session_timeout_ms)
+            return [lid for lid in candidates if not self._meta.ledger_exists(lid)]
 
         gone = await self.loop.run_in_executor(None, missing)
         for lid in gone:

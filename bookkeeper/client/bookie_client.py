@@ -113,7 +113,7 @@ class ShardConnection:
                 continue  # timed out earlier
             cb = entry[0]
             status = frame[1]
-            if status == Status.OK:
+            if status == 0:  # Status.OK, as a plain int on the per-response path
                 cb(frame, None)
             else:
                 cb(frame, error_for_status(status, f"bookie {self.host}:{self.port}: {Status(status).name}"

@@ -156,13 +156,15 @@ class ReadHandle:
         return self.metadata.is_closed
 
     # -- reads -------------------------------------------------------------
-    def _read_entry(self, entry_id: int, *, flags: int = 0) -> asyncio.Future[ReadResult]:
-        """One entry from its write set: penalized replicas last, speculative retries."""
+    def _replicas(self, entry_id: int) -> list[str]:
+        """The bookies of entry_id's write set, penalized ones last."""
         md = self.metadata
         ensemble = md.ensemble_for(entry_id)
-        replicas = self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size,
-                                                                         md.write_quorum)])
-        return _EntryRead(self, entry_id, flags, replicas).fut
+        return self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)])
+
+    def _read_entry(self, entry_id: int, *, flags: int = 0) -> asyncio.Future[ReadResult]:
+        """One entry from its write set: penalized replicas last, speculative retries."""
+        return _EntryRead(self, entry_id, flags, self._replicas(entry_id)).fut
 
     async def _read_one(self, entry_id: int) -> ReadResult:
         return await self._read_entry(entry_id)
@@ -266,10 +268,7 @@ class ReadHandle:
 
     async def _long_poll(self, entry_id: int) -> tuple[bytes, int]:
         """Wait on one replica of entry_id until its LAC covers the entry; (data, lac)."""
-        md = self.metadata
-        ensemble = md.ensemble_for(entry_id)
-        replicas = self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size,
-                                                                         md.write_quorum)])
+        replicas = self._replicas(entry_id)
         wait_ms = self._bk.config.long_poll_timeout_ms
         try:
             resp = await self._bk.pool.call(replicas[0], Op.READ_ENTRY, Flag.LONG_POLL, self.ledger_id, entry_id,
@@ -361,11 +360,15 @@ class WriteHandle(ReadHandle):
 
     async def add_entry(self, data: bytes) -> int:
         """Add one entry and wait for its acknowledgement; waits for room at the outstanding bound."""
+        await self._wait_for_room()
+        return await self.add_entry_async(data)
+
+    async def _wait_for_room(self) -> None:
+        """Until fewer than max_outstanding_adds are outstanding (or the handle failed)."""
         while self._tracker.outstanding >= self._bk.config.max_outstanding_adds and self._error is None:
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
             await asyncio.shield(self._room)
-        return await self.add_entry_async(data)
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
         self._sent.setdefault(entry_id, {})[idx] = bookie
@@ -511,21 +514,18 @@ class WriteHandle(ReadHandle):
 
 # -- recovery -------------------------------------------------------------------
 async def _first_decisive(futs: list[asyncio.Future], decided) -> list:  # noqa: ANN001
-    """Wait until decided(results so far) is true or every future is done; results by index.
+    """Wait until decided(results so far, by index) is true or every future is done.
 
     Why: a hung bookie must not hold recovery back once the answers in hand settle it.
     """
     results: list = [None] * len(futs)
-    pending = set(range(len(futs)))
     index = {f: i for i, f in enumerate(futs)}
     waiting = set(futs)
     while waiting:
         done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         for f in done:
-            i = index[f]
-            pending.discard(i)
-            results[i] = f.exception() or f.result()
-        if decided(results, pending):
+            results[index[f]] = f.exception() or f.result()
+        if decided(results):
             break
     for f in waiting:
         f.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -562,12 +562,12 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         futs = [asyncio.ensure_future(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key,
                                                    timeout_s=timeout)) for b in ensemble]
 
-        def covered(results: list, pending: set[int]) -> bool:
+        def covered(results: list) -> bool:
             ok = {i for i, r in enumerate(results) if isinstance(r, tuple)}
             return fence_covered(ok, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
 
         results = await _first_decisive(futs, covered)
-        if not covered(results, set()):
+        if not covered(results):
             errs = [r for r in results if isinstance(r, BaseException)]
             raise BKError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
         lac = max([r[5] for r in results if isinstance(r, tuple)] + [-1])
@@ -603,9 +603,8 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
 
 
 async def _paced(writer: WriteHandle, data: bytes) -> asyncio.Future[int]:
-    """Send one recovered entry, waiting for room at the outstanding bound."""
-    while writer.outstanding >= writer._bk.config.max_outstanding_adds and writer._error is None:
-        await asyncio.sleep(0.001)
+    """Send one recovered entry, waiting for room at the outstanding bound (not for its ack)."""
+    await writer._wait_for_room()
     return writer.add_entry_async(data)
 
 
@@ -618,7 +617,7 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> b
                                                handle._key, timeout_s=bk.config.read_timeout_s)) for i in ws]
     verified: dict[int, bytes] = {}
 
-    def check(results: list, pending: set[int]) -> bool:
+    def check(results: list) -> bool:
         denied = 0
         for i, r in enumerate(results):
             if isinstance(r, tuple) and i not in verified:
@@ -631,7 +630,7 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> b
         return bool(verified) or entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum)
 
     results = await _first_decisive(futs, check)
-    check(results, set())
+    check(results)
     if verified:
         return next(iter(verified.values()))
     denied = sum(1 for r in results if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
+from bookkeeper.bookie.files import fsync_dir, zero_fill
 from bookkeeper.bookie.journal.policy import flush_reason
 from bookkeeper.bookie.journal.syncer import Syncer
 
@@ -49,19 +50,6 @@ class ReplayResult:
     records: int = 0
     blocks_torn: int = 0
     last_file_id: int = 0
-
-
-def zero_fill(path: Path, size: int) -> None:
-    """Create (or truncate) path and write `size` zero bytes, durably."""
-    chunk = bytes(min(size, 1 << 20))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        off = 0
-        while off < size:
-            off += os.pwrite(fd, chunk[: size - off], off)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 class JournalFailedError(OSError):
@@ -132,11 +120,7 @@ class Journal:
         header = _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id).ljust(BLOCK_ALIGN, b"\0")
         os.pwrite(fd, header, 0)
         os.fdatasync(fd)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(self.dir)
         self._fd = fd
         self._pos = BLOCK_ALIGN
         self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
@@ -217,11 +201,11 @@ class Journal:
         reason = flush_reason(
             batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
             oldest_wait_us=int((time.monotonic() - self._batch_started) * 1e6) if self._batch.count else 0,
-            sync_in_flight=self._inflight_items is not None,
+            sync_in_flight=False,
             group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max)
         if reason is not None:
             self._flush()
-        elif self._batch.count and self._inflight_items is None and self._timer is None:
+        elif self._batch.count and self._timer is None:
             self._timer = self.loop.call_later(self.group_wait_us_max / 1e6, self._on_timer)
 
     def _on_timer(self) -> None:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import lmdb
 
+from bookkeeper.bookie.files import fsync_dir
+
 log = logging.getLogger(__name__)
 
 LOG_MAGIC = b"BKELOG01"
@@ -75,10 +77,14 @@ class LedgerStorage:
         self._pending_deletes: set[int] = set()
         self._flush_lock = threading.Lock()
         self._readers: dict[int, int] = {}
+        # What LMDB holds of each ledger's state: a checkpoint writes only states that differ.
+        self._persisted: dict[int, tuple[bytes, bool, int, int]] = {}
         with self.env.begin(db=self.db_ledgers) as txn:
             for k, v in txn.cursor():
                 key, fenced, lac, last = _LEDGER_VAL.unpack(v)
-                self.ledgers[struct.unpack(">Q", k)[0]] = LedgerState(key, bool(fenced), lac, last)
+                lid = struct.unpack(">Q", k)[0]
+                self.ledgers[lid] = LedgerState(key, bool(fenced), lac, last)
+                self._persisted[lid] = (key, bool(fenced), lac, last)
         self._log_id = max((int(p.stem) for p in self.dir.glob("*.log")), default=0)
         self._log_fd = -1
         self._log_pos = 0
@@ -97,11 +103,7 @@ class LedgerStorage:
         self._log_fd = os.open(self._log_path(self._log_id), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self._log_fd, LOG_MAGIC)
         os.fsync(self._log_fd)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # the new file's name must survive a power loss too
-        finally:
-            os.close(dfd)
+        fsync_dir(self.dir)  # the new file's name must survive a power loss too
         self._log_pos = len(LOG_MAGIC)
 
     def _reader_fd(self, log_id: int) -> int:
@@ -158,10 +160,12 @@ class LedgerStorage:
     # -- checkpoint ------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """Swap out the write cache for flushing (loop thread); reads still see it."""
-        snap = Snapshot(self.write_cache,
-                        {lid: LedgerState(st.master_key, st.fenced, st.lac, st.last_entry)
-                         for lid, st in self.ledgers.items()},
-                        self._pending_deletes)
+        changed = {}
+        for lid, st in self.ledgers.items():
+            now = (st.master_key, st.fenced, st.lac, st.last_entry)
+            if self._persisted.get(lid) != now:
+                changed[lid] = LedgerState(*now)
+        snap = Snapshot(self.write_cache, changed, self._pending_deletes)
         self._flushing = snap.entries
         self.write_cache = {}
         self.write_cache_bytes = 0
@@ -202,9 +206,13 @@ class LedgerStorage:
                     self._delete_in(txn, lid)
                 txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
 
-    def flush_done(self) -> None:
+    def flush_done(self, snapshot: Snapshot) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
         self._flushing = {}
+        for lid, st in snapshot.states.items():
+            self._persisted[lid] = (st.master_key, st.fenced, st.lac, st.last_entry)
+        for lid in snapshot.deletes:
+            self._persisted.pop(lid, None)
 
     def flush_failed(self, snapshot: Snapshot) -> None:
         """Put a snapshot whose flush failed back (loop thread): its entries stay in memory and the
