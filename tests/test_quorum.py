@@ -81,8 +81,8 @@ def test_add_tracker_rejects_invalid_quorums(E: int, Qw: int, Qa: int) -> None:
 def test_add_returns_write_set() -> None:
     """add() registers an entry and returns its striped write set."""
     t = AddTracker(ensemble_size=5, write_quorum=3, ack_quorum=2)
-    assert t.add(0, 10) == [0, 1, 2]
-    assert t.add(1, 10) == [1, 2, 3]
+    assert t.add(0, 10) == (0, 1, 2)
+    assert t.add(1, 10) == (1, 2, 3)
     assert t.outstanding == 2
 
 
@@ -262,7 +262,7 @@ def test_drop_all_returns_outstanding_ids_in_order() -> None:
         t.add(e, 1)
     for b in write_set(0, 3, 2):
         t.ack(0, b)
-    assert t.drop_all() == [1, 2, 3]
+    assert t.drop_all() == [(1, None), (2, None), (3, None)]
     assert t.outstanding == 0 and t.lac == 0
 
 

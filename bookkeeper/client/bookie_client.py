@@ -9,32 +9,26 @@ with BookieUnavailableError; the next request reconnects.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from bookkeeper._ext.client import RequestPipe
 from bookkeeper.errors import BKError, BookieUnavailableError, TimeoutError, error_for_status
-from bookkeeper.proto import (
-    DEFAULT_MAX_FRAME_BYTES,
-    FrameError,
-    Status,
-    encode_request,
-    parse_responses,
-    shard_for_ledger,
-)
+from bookkeeper.proto import DEFAULT_MAX_FRAME_BYTES, FrameError, Status, shard_for_ledger
 
 log = logging.getLogger(__name__)
 
-# callback(response tuple or None, exception or None)
-Callback = Callable[[tuple | None, BKError | None], None]
+# callback(ctx, response tuple or None, exception or None): ctx is whatever the sender
+# passed, so hot callers hand over a bound method and a tuple instead of a new closure.
+Callback = Callable[[Any, tuple | None, BKError | None], None]
 
 
 class _ShardProtocol(asyncio.Protocol):
     def __init__(self, conn: ShardConnection) -> None:
         self.conn = conn
-        self.buf = bytearray()
         self.transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -44,35 +38,32 @@ class _ShardProtocol(asyncio.Protocol):
         self.conn._lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
         try:
-            frames, used = parse_responses(self.buf, self.conn.max_frame_bytes)
+            self.conn.pipe.feed(data)
         except FrameError as e:
             self.transport.close()  # type: ignore[union-attr]
             self.conn._lost(e)
-            return
-        del self.buf[:used]
-        self.conn._dispatch(frames)
 
 
 class ShardConnection:
-    """One TCP connection to one bookie shard (client event loop only)."""
+    """One TCP connection to one bookie shard (client event loop only).
+
+    Frames are encoded into the pipe's outbox as requests are made and written once per
+    loop iteration; responses are dispatched by the pipe a receive buffer at a time.
+    """
 
     def __init__(self, host: str, port: int, *, timeout_s: float, max_frame_bytes: int) -> None:
         self.host, self.port = host, port
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[Callback, float]] = {}
-        self._outbox: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+        self.pipe = RequestPipe(max_frame_bytes, self._error_for, functools.partial(self._loop.call_soon, self._flush))
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task[None] | None = None
-        self._flush_scheduled = False
-        self._loop = asyncio.get_running_loop()
 
-    @property
-    def connected(self) -> bool:
-        return self._transport is not None and not self._transport.is_closing()
+    def _error_for(self, status: int) -> BKError:
+        name = Status(status).name if status in Status._value2member_map_ else str(status)
+        return error_for_status(status, f"bookie {self.host}:{self.port}: {name}")
 
     async def _connect(self) -> None:
         try:
@@ -80,62 +71,43 @@ class ShardConnection:
                 self._loop.create_connection(lambda: _ShardProtocol(self), self.host, self.port),
                 self.timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
-            self._fail_all(BookieUnavailableError(f"cannot connect to {self.host}:{self.port}: {e}"))
-            self._outbox.clear()
+            self.pipe.discard_outbox()
+            self.pipe.fail_all(BookieUnavailableError(f"cannot connect to {self.host}:{self.port}: {e}"))
             return
         self._transport = transport  # type: ignore[assignment]
+        self.pipe.connected = True
         self._flush()
 
     def request(self, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes, aux: int,
-                payload: bytes, callback: Callback, timeout_s: float | None = None) -> None:
-        """Queue one request; callback runs on the loop with the response or an error."""
-        req_id = next(self._ids)
-        self._pending[req_id] = (callback, time.monotonic() + (timeout_s or self.timeout_s))
-        self._outbox.append(encode_request(op, flags, req_id, ledger_id, entry_id, key, aux, payload))
-        if self.connected:
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush)
-        elif self._connecting is None or self._connecting.done():
+                payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None) -> None:
+        """Queue one request; callback(ctx, response, error) runs on the loop when it settles."""
+        if self.pipe.send(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx,
+                          timeout_s or self.timeout_s):
+            self.ensure_connecting()
+
+    def ensure_connecting(self) -> None:
+        """Start connecting unless already under way (the pipe's frames wait for it)."""
+        if self._connecting is None or self._connecting.done():
             self._connecting = self._loop.create_task(self._connect())
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._outbox and self.connected:
-            assert self._transport is not None
-            self._transport.writelines(self._outbox)
-            self._outbox = []
-
-    def _dispatch(self, frames: list[tuple]) -> None:
-        for frame in frames:
-            entry = self._pending.pop(frame[2], None)
-            if entry is None:
-                continue  # timed out earlier
-            cb = entry[0]
-            status = frame[1]
-            if status == 0:  # Status.OK, as a plain int on the per-response path
-                cb(frame, None)
-            else:
-                cb(frame, error_for_status(status, f"bookie {self.host}:{self.port}: {Status(status).name}"
-                                           if status in Status._value2member_map_ else ""))
-
-    def _fail_all(self, err: BKError) -> None:
-        pending, self._pending = self._pending, {}
-        for cb, _ in pending.values():
-            cb(None, err)
+        if self.pipe.connected:
+            out = self.pipe.take()
+            if out is not None:
+                self._transport.write(out)  # type: ignore[union-attr]
 
     def _lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._fail_all(BookieUnavailableError(f"connection to {self.host}:{self.port} lost: {exc or 'closed'}"))
+        self.pipe.connected = False
+        self.pipe.discard_outbox()
+        self.pipe.fail_all(BookieUnavailableError(f"connection to {self.host}:{self.port} lost: {exc or 'closed'}"))
 
     def expire(self, now: float) -> None:
         """Fail requests past their deadline with TimeoutError."""
-        late = [rid for rid, (_, deadline) in self._pending.items() if deadline < now]
-        for rid in late:
-            cb, _ = self._pending.pop(rid)
-            cb(None, TimeoutError(f"request to {self.host}:{self.port} timed out"))
+        self.pipe.expire(now, lambda: TimeoutError(f"request to {self.host}:{self.port} timed out"))
 
     def close(self) -> None:
+        self.pipe.connected = False
         if self._transport is not None:
             self._transport.close()
         self._transport = None
@@ -151,11 +123,13 @@ class BookieClientPool:
         self.max_frame_bytes = max_frame_bytes
         self._conns: dict[tuple[str, int], ShardConnection] = {}
         self._routes: dict[tuple[str, int], ShardConnection] = {}
+        self.routes_epoch = 0  # bumped when routes are forgotten: callers' own route caches key on it
         self._sweeper: asyncio.Task[None] | None = None
 
     def invalidate_routes(self) -> None:
         """Forget cached routes (registrations were re-read)."""
         self._routes.clear()
+        self.routes_epoch += 1
 
     def connection(self, bookie_id: str, ledger_id: int) -> ShardConnection:
         """The owning shard's connection; routes are cached per (bookie, ledger): adds are hot."""
@@ -186,28 +160,28 @@ class BookieClientPool:
         return conn
 
     def send(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
-             aux: int, payload: bytes, callback: Callback, timeout_s: float | None = None) -> None:
+             aux: int, payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None) -> None:
         """Route one request; an unresolvable bookie fails through the callback, like any other error."""
         try:
             conn = self.connection(bookie_id, ledger_id)
         except BKError as e:
-            asyncio.get_running_loop().call_soon(callback, None, e)
+            asyncio.get_running_loop().call_soon(callback, ctx, None, e)
             return
-        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, timeout_s)
+        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s)
 
     async def call(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
                    aux: int = 0, payload: bytes = b"", timeout_s: float | None = None) -> tuple:
         """One request as a coroutine: the response tuple, or raises its error."""
         fut: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
 
-        def done(resp: tuple | None, err: BKError | None) -> None:
+        def done(_ctx: None, resp: tuple | None, err: BKError | None) -> None:
             if fut.done():
                 return
             if err is not None:
                 fut.set_exception(err)
             else:
                 fut.set_result(resp)  # type: ignore[arg-type]
-        self.send(bookie_id, op, flags, ledger_id, entry_id, key, aux, payload, done, timeout_s)
+        self.send(bookie_id, op, flags, ledger_id, entry_id, key, aux, payload, done, None, timeout_s)
         return await fut
 
     async def _sweep(self) -> None:

@@ -10,16 +10,13 @@ CRC32C: 4 bytes. MAC: 20 bytes, HMAC-SHA1 keyed from the password (BookKeeper's 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import struct
 
-import crc32c
-
+from bookkeeper._ext.client import DIGEST_CRC32C, DIGEST_DUMMY, DIGEST_MAC, check_entry, encode_entry
 from bookkeeper.errors import DigestMismatchError
 from bookkeeper.meta.ledger_metadata import DigestType
 
-_HEADER = struct.Struct(">QqqQ")
-HEADER_BYTES = _HEADER.size
+HEADER_BYTES = 32
+_KIND = {DigestType.CRC32C: DIGEST_CRC32C, DigestType.MAC: DIGEST_MAC, DigestType.DUMMY: DIGEST_DUMMY}
 
 
 def master_key(password: bytes) -> bytes:
@@ -28,37 +25,21 @@ def master_key(password: bytes) -> bytes:
 
 
 class DigestManager:
-    """Encodes and verifies the entries of one ledger."""
+    """Encodes and verifies the entries of one ledger (the codec itself is Cython: client.pyx)."""
 
     def __init__(self, ledger_id: int, digest: DigestType, password: bytes) -> None:
         self.ledger_id = ledger_id
         self.digest = digest
+        self._kind = _KIND[digest]
         self._mac_key = hashlib.sha1(b"mac" + password).digest()
         self.size = {DigestType.CRC32C: 4, DigestType.MAC: 20, DigestType.DUMMY: 0}[digest]
 
-    def _compute(self, header: bytes, data: bytes | memoryview) -> bytes:
-        if self.digest is DigestType.CRC32C:
-            return struct.pack(">I", crc32c.crc32c(data, crc32c.crc32c(header)))
-        if self.digest is DigestType.MAC:
-            m = hmac.new(self._mac_key, header, hashlib.sha1)
-            m.update(data)
-            return m.digest()
-        return b""
-
     def encode(self, entry_id: int, lac: int, length: int, data: bytes) -> bytes:
-        header = _HEADER.pack(self.ledger_id, entry_id, lac, length)
-        return b"".join((header, self._compute(header, data), data))
+        return encode_entry(self._kind, self._mac_key, self.ledger_id, entry_id, lac, length, data)
 
     def verify(self, payload: bytes, entry_id: int) -> tuple[bytes, int, int]:
         """Check a stored entry; returns (data, lac, length) or raises DigestMismatchError."""
-        if len(payload) < HEADER_BYTES + self.size:
-            raise DigestMismatchError(f"entry {self.ledger_id}:{entry_id} is truncated ({len(payload)} bytes)")
-        ledger_id, eid, lac, length = _HEADER.unpack_from(payload)
-        if ledger_id != self.ledger_id or eid != entry_id:
-            raise DigestMismatchError(f"entry {self.ledger_id}:{entry_id} came back as {ledger_id}:{eid}")
-        view = memoryview(payload)
-        data = view[HEADER_BYTES + self.size:]
-        expect = self._compute(payload[:HEADER_BYTES], data)
-        if not hmac.compare_digest(expect, payload[HEADER_BYTES:HEADER_BYTES + self.size]):
-            raise DigestMismatchError(f"entry {self.ledger_id}:{entry_id} failed its {self.digest.value} check")
-        return bytes(data), lac, length
+        try:
+            return check_entry(self._kind, self._mac_key, self.ledger_id, entry_id, bytes(payload))
+        except ValueError as e:
+            raise DigestMismatchError(str(e)) from None

@@ -38,6 +38,7 @@ from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
+    from bookkeeper.client.bookie_client import ShardConnection
     from bookkeeper.client.client import BookKeeper
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class _EntryRead:
         self.outstanding += 1
         cfg = h._bk.config
         h._bk.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
-                        lambda resp, err: self.on_response(bookie, resp, err), cfg.read_timeout_s)
+                        self.on_response, bookie, cfg.read_timeout_s)
         if cfg.speculative_read_timeout_ms and self.next < len(self.replicas):
             self.timer = h._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, self.speculate)
         return True
@@ -301,14 +302,14 @@ class WriteHandle(ReadHandle):
         self._next = lac + 1
         self._sent_length = length  # ledger length after the last entry sent: each entry's length field
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
-        self._futures: dict[int, asyncio.Future[int]] = {}
-        self._payloads: dict[int, bytes] = {}
-        self._sent: dict[int, dict[int, str]] = {}  # entry -> slot -> bookie it was last sent to
         self._error: BKError | None = None
         self._closing = False
         self._failed_bookies: set[str] = set()
         self._changing: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
+        self._segment_key: tuple[LedgerMetadata, int] | None = None
+        self._segment: tuple[list[str], list[ShardConnection | None]] = ([], [])
+        self._add_callback = self._on_add_response  # one bound method, not one per send
 
     @property
     def last_add_confirmed(self) -> int:
@@ -344,19 +345,40 @@ class WriteHandle(ReadHandle):
                                 f"frame limit")
         entry_id = self._next
         self._next += 1
-        fut: asyncio.Future[int] = self._loop.create_future()
-        self._futures[entry_id] = fut
-        ws = self._tracker.add(entry_id, len(data))
         self._sent_length += len(data)
         # A recovery rewrite piggybacks the LAC recovery started from, never its own progress:
         # a concurrent recovery may still close the ledger earlier, and tailers trust the LAC.
         piggyback = self._lac_floor if self._recovery else self._tracker.lac
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
-        self._payloads[entry_id] = payload
-        ensemble = self.metadata.ensemble_for(entry_id)
-        for idx in ws:
-            self._send_add(entry_id, idx, ensemble[idx], payload)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        ensemble, conns = self._current_segment()
+        timeout_s = self._bk.config.add_timeout_s
+        for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
+            conn = conns[idx]
+            if conn is None:
+                self._send_add(entry_id, idx, ensemble[idx], payload)  # unroutable: fails through the pool
+            elif conn.pipe.send(Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
+                                self._add_callback, (entry_id, idx, ensemble[idx]), timeout_s):
+                conn.ensure_connecting()
         return fut
+
+    def _current_segment(self) -> tuple[list[str], list[ShardConnection | None]]:
+        """The last segment's ensemble and each slot's shard connection (None: unroutable).
+
+        New entries always belong to the last segment (a new one starts at LAC + 1), so
+        this is cached until the metadata or the pool's routes change.
+        """
+        key = (self.metadata, self._bk.pool.routes_epoch)
+        if self._segment_key is None or self._segment_key[0] is not key[0] or self._segment_key[1] != key[1]:
+            ensemble = self.metadata.last_ensemble
+            conns: list[ShardConnection | None] = []
+            for bookie in ensemble:
+                try:
+                    conns.append(self._bk.pool.connection(bookie, self.ledger_id))
+                except BKError:
+                    conns.append(None)
+            self._segment_key, self._segment = key, (ensemble, conns)
+        return self._segment
 
     async def add_entry(self, data: bytes) -> int:
         """Add one entry and wait for its acknowledgement; waits for room at the outstanding bound."""
@@ -371,28 +393,21 @@ class WriteHandle(ReadHandle):
             await asyncio.shield(self._room)
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
-        self._sent.setdefault(entry_id, {})[idx] = bookie
+        self._tracker.mark_sent(entry_id, idx, bookie)
         self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
-                           lambda resp, err: self._on_add_response(entry_id, idx, bookie, err),
-                           self._bk.config.add_timeout_s)
+                           self._add_callback, (entry_id, idx, bookie), self._bk.config.add_timeout_s)
 
-    def _on_add_response(self, entry_id: int, idx: int, bookie: str, err: BKError | None) -> None:
-        sent = self._sent.get(entry_id)
-        if sent is None or sent.get(idx) != bookie:
-            return  # already settled, or from a bookie replaced since (resent elsewhere)
-        if err is None and bookie in self._failed_bookies:
-            return  # being replaced: its acks no longer count (the entry is resent to its replacement)
+    def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple | None, err: BKError | None) -> None:
+        entry_id, idx, bookie = ctx
         if err is None:
-            for eid, _length in self._tracker.ack(entry_id, idx):
-                fut = self._futures.pop(eid)
-                self._payloads.pop(eid, None)
-                self._sent.pop(eid, None)
-                if not fut.done():
-                    fut.set_result(eid)
-            if self._room is not None and not self._room.done() and \
-                    self._tracker.outstanding < self._bk.config.max_outstanding_adds:
+            # Counts only if the slot was not re-sent elsewhere since and the bookie is not being
+            # replaced (the entry is resent to its replacement); resolves acknowledged futures.
+            if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies) and self._room is not None \
+                    and not self._room.done() and self._tracker.outstanding < self._bk.config.max_outstanding_adds:
                 self._room.set_result(None)
             return
+        if not self._tracker.is_current(entry_id, idx, bookie):
+            return  # already settled, or from a bookie replaced since (resent elsewhere)
         if isinstance(err, LedgerFencedError):
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced: a recovery open took it over"))
         elif err.retriable:
@@ -423,7 +438,7 @@ class WriteHandle(ReadHandle):
             md = self.metadata
             start = self._tracker.lac + 1
             if not any(b in self._failed_bookies for e in self._tracker.pending_ids()
-                       for b in self._sent.get(e, {}).values()):
+                       for b in self._tracker.sent_to(e)):
                 return
             base = md.ensemble_for(start)
             slots = [i for i, b in enumerate(base) if b in self._failed_bookies]
@@ -456,11 +471,13 @@ class WriteHandle(ReadHandle):
                 continue
             for eid in self._tracker.pending_ids():
                 ensemble = self.metadata.ensemble_for(eid)
-                sent = self._sent.get(eid, {})
+                sent = self._tracker.sent_to(eid)
+                if not sent:
+                    continue  # acknowledged meanwhile
                 for idx in write_set(eid, md.ensemble_size, md.write_quorum):
-                    if sent.get(idx) != ensemble[idx]:
+                    if sent[idx] != ensemble[idx]:
                         self._tracker.reset(eid, idx)
-                        self._send_add(eid, idx, ensemble[idx], self._payloads[eid])
+                        self._send_add(eid, idx, ensemble[idx], self._tracker.payload(eid))
 
     def _change_done(self, task: asyncio.Task[None]) -> None:
         """Whatever escapes an ensemble change fails the handle: a writer never stalls silently."""
@@ -472,10 +489,7 @@ class WriteHandle(ReadHandle):
         """The handle is broken: every outstanding and future add fails with err."""
         if self._error is None:
             self._error = err
-        for eid in self._tracker.drop_all():
-            fut = self._futures.pop(eid, None)
-            self._payloads.pop(eid, None)
-            self._sent.pop(eid, None)
+        for _eid, fut in self._tracker.drop_all():
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
         if self._room is not None and not self._room.done():
@@ -486,8 +500,8 @@ class WriteHandle(ReadHandle):
         if self.metadata.is_closed:
             return
         self._closing = True
-        if self._futures:
-            await asyncio.gather(*self._futures.values(), return_exceptions=True)
+        if self._tracker.outstanding:
+            await asyncio.gather(*self._tracker.futures(), return_exceptions=True)
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
         lac, length = self._tracker.lac, self._tracker.length

@@ -1,10 +1,12 @@
 """Sans-I/O client core: striping, ack-quorum and LAC bookkeeping, fencing coverage.
 
 Plain classes and pure functions: no sockets, no loop, no clock. The shell
-(bookkeeper.client.ledger) owns connections, futures and timers.
+(bookkeeper.client.ledger) owns connections and timers; the AddTracker (Cython, the
+add hot path) also holds each outstanding entry's future so it can resolve a whole
+acknowledged run in one call.
 """
+from bookkeeper._ext.client import AddTracker  # noqa: F401
 from bookkeeper.client.core.quorum import (  # noqa: F401
-    AddTracker,
     fence_covered,
     entry_missing,
     write_set,

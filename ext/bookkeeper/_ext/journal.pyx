@@ -40,14 +40,6 @@ REC_MASTER_KEY = 2
 REC_FENCE = 3
 
 
-
-
-
-
-
-
-
-
 cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t plen):
     cdef bytes fields = PyBytes_FromStringAndSize(<const char*>(hdr + 4), 4) + \
         PyBytes_FromStringAndSize(<const char*>(hdr + 12), 12)

@@ -16,13 +16,12 @@ entry built by the client) starts with u64 ledger | i64 entry | i64 lac | u64 le
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from bookkeeper._ext.endian cimport get_u32, get_u64, put_u16, put_u32, put_u64
+from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCOMPLETE, frame_len,
+                                   frame_error, put_request, response_tuple)
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
-cdef enum:
-    REQ_HEADER = 56
-    RESP_HEADER = 40
-    KEY_LEN = 20
+cdef bytes _EMPTY = b""
 
 PROTOCOL_VERSION = 1
 REQUEST_HEADER_BYTES = REQ_HEADER
@@ -41,34 +40,13 @@ class FrameError(ValueError):
     frames: list = []
 
 
-
-
-
-
-
-
-
-
-
-
 cdef Py_ssize_t _frame_len(const uint8_t* p, Py_ssize_t avail, Py_ssize_t min_len,
                            Py_ssize_t max_frame) except -2:
     """Length of the whole frame at p, -1 if incomplete; raises FrameError if never valid."""
-    cdef uint32_t body
-    if avail < 4:
-        return -1
-    body = get_u32(p)
-    if <Py_ssize_t>body + 4 > max_frame:
-        raise FrameError(f"frame of {body + 4} bytes exceeds the limit of {max_frame}")
-    if <Py_ssize_t>body + 4 < min_len:
-        raise FrameError(f"frame of {body + 4} bytes is shorter than its header ({min_len})")
-    if avail < 5:
-        return -1
-    if p[4] != 1:
-        raise FrameError(f"unsupported protocol version {p[4]}")
-    if avail < <Py_ssize_t>body + 4:
-        return -1
-    return <Py_ssize_t>body + 4
+    cdef Py_ssize_t flen = frame_len(p, avail, min_len, max_frame)
+    if flen < FRAME_INCOMPLETE:
+        raise FrameError(frame_error(flen, p, min_len, max_frame))
+    return flen
 
 
 def parse_requests(const uint8_t[::1] buf, Py_ssize_t max_frame):
@@ -136,15 +114,7 @@ def parse_responses(const uint8_t[::1] buf, Py_ssize_t max_frame):
         flen = _frame_len(p, n - pos, RESP_HEADER, max_frame)
         if flen < 0:
             break
-        out.append((
-            p[5],
-            (p[6] << 8) | p[7],
-            get_u64(p + 8),
-            get_u64(p + 16),
-            <int64_t>get_u64(p + 24),
-            <int64_t>get_u64(p + 32),
-            PyBytes_FromStringAndSize(<const char*>(p + RESP_HEADER), flen - RESP_HEADER),
-        ))
+        out.append(response_tuple(p, flen, _EMPTY))
         pos += flen
     return out, pos
 
@@ -157,18 +127,8 @@ def encode_request(int op, int flags, uint64_t request_id, uint64_t ledger_id,
     if len(master_key) != KEY_LEN:
         raise ValueError("master_key must be 20 bytes")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, REQ_HEADER + plen)
-    cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
-    put_u32(o, <uint32_t>(REQ_HEADER - 4 + plen))
-    o[4] = 1
-    o[5] = <uint8_t>op
-    put_u16(o + 6, <uint16_t>flags)
-    put_u64(o + 8, request_id)
-    put_u64(o + 16, ledger_id)
-    put_u64(o + 24, <uint64_t>entry_id)
-    memcpy(o + 32, PyBytes_AS_STRING(master_key), KEY_LEN)
-    put_u32(o + 52, aux)
-    if plen:
-        memcpy(o + REQ_HEADER, &pv[0], plen)
+    put_request(<uint8_t*>PyBytes_AS_STRING(out), op, flags, request_id, ledger_id, entry_id,
+                PyBytes_AS_STRING(master_key), aux, <const char*>&pv[0] if plen else NULL, plen)
     return out
 
 
