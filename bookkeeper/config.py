@@ -69,6 +69,7 @@ class BookieConfig:
     journal_sync: str = "io_uring"
     journal_max_group_wait_us: int = 0
     journal_max_batch_bytes: int = 4 * 1024 * 1024
+    journal_max_batch_entries: int = 65536
     journal_preallocate_bytes: int = 64 * 1024 * 1024
     journal_file_max_bytes: int = 512 * 1024 * 1024
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -105,6 +106,8 @@ class BookieConfig:
             raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.journal_max_batch_bytes < 4096:
             raise ConfigError("journal_max_batch_bytes must be >= 4096")
+        if self.journal_max_batch_entries < 1:
+            raise ConfigError(f"journal_max_batch_entries must be >= 1, got {self.journal_max_batch_entries}")
         if self.tls_enabled:
             raise ConfigError("tls_enabled: TLS is not supported yet")
         if self.auth_provider:

@@ -240,12 +240,13 @@ def test_block_with_record_overrunning_payload_is_discarded() -> None:
 # -- flush policy ------------------------------------------------------------------------------
 
 
-def oracle_flush(count: int, nbytes: int, waited: int, inflight: bool, gw: int, bmax: int) -> FlushReason | None:
-    """policy.py rules: never with nothing queued or a sync in flight; else FULL at the byte bound,
+def oracle_flush(count: int, nbytes: int, waited: int, inflight: bool, gw: int, bmax: int,
+                 emax: int) -> FlushReason | None:
+    """policy.py rules: never with nothing queued or a sync in flight; else FULL at the byte or entry bound,
     IDLE when no group wait is configured, WAITED once the group wait elapsed; otherwise keep filling."""
     if count == 0 or inflight:
         return None
-    if nbytes >= bmax:
+    if nbytes >= bmax or count >= emax:
         return FlushReason.FULL
     if gw <= 0:
         return FlushReason.IDLE
@@ -255,27 +256,27 @@ def oracle_flush(count: int, nbytes: int, waited: int, inflight: bool, gw: int, 
 def test_flush_reason_decision_table_exhaustive() -> None:
     """flush_reason agrees with the documented rules on every point of a small grid."""
     grid = itertools.product([0, 1, 7], [0, 100, 4095, 4096, 10_000], [0, 1, 99, 100, 101, 5000],
-                             [False, True], [0, 1, 100, 1000], [4096, 1 << 20])
+                             [False, True], [0, 1, 100, 1000], [4096, 1 << 20], [1, 7, 65536])
     n = 0
-    for count, nbytes, waited, inflight, gw, bmax in grid:
+    for count, nbytes, waited, inflight, gw, bmax, emax in grid:
         got = flush_reason(batch_count=count, batch_bytes=nbytes, oldest_wait_us=waited, sync_in_flight=inflight,
-                           group_wait_us_max=gw, batch_bytes_max=bmax)
-        assert got == oracle_flush(count, nbytes, waited, inflight, gw, bmax), \
-            (count, nbytes, waited, inflight, gw, bmax)
+                           group_wait_us_max=gw, batch_bytes_max=bmax, batch_entries_max=emax)
+        assert got == oracle_flush(count, nbytes, waited, inflight, gw, bmax, emax), \
+            (count, nbytes, waited, inflight, gw, bmax, emax)
         n += 1
-    assert n == 3 * 5 * 6 * 2 * 4 * 2
+    assert n == 3 * 5 * 6 * 2 * 4 * 2 * 3
 
 
 def test_flush_reason_one_sync_in_flight_at_a_time() -> None:
     """While a sync is in flight nothing is flushed, not even a full batch (blocks written strictly in order)."""
     assert flush_reason(batch_count=10**6, batch_bytes=10**9, oldest_wait_us=10**9, sync_in_flight=True,
-                        group_wait_us_max=0, batch_bytes_max=1) is None
+                        group_wait_us_max=0, batch_bytes_max=1, batch_entries_max=1) is None
 
 
 def test_flush_reason_low_load_flushes_immediately() -> None:
     """With no group wait and no sync in flight a lone record is flushed at once (low latency at low load)."""
     assert flush_reason(batch_count=1, batch_bytes=30, oldest_wait_us=0, sync_in_flight=False,
-                        group_wait_us_max=0, batch_bytes_max=4 << 20) is FlushReason.IDLE
+                        group_wait_us_max=0, batch_bytes_max=4 << 20, batch_entries_max=65536) is FlushReason.IDLE
 
 
 # -- syncers -------------------------------------------------------------------------------
@@ -646,6 +647,75 @@ def test_journal_full_batch_flushes_without_waiting(tmp_path: Path) -> None:
         assert sink.durable == [[0]]
         j.close()
         syncer.close()
+
+    run(main)
+
+
+class ManualSyncer:
+    """A journal device whose syncs complete only when the test says so (writes really happen)."""
+
+    kind = "manual"
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[OSError | None], None]] = []
+        self.submits = 0
+
+    def submit(self, fd: int, buf: Any, offset: int, done: Callable[[OSError | None], None]) -> None:
+        os.pwrite(fd, buf, offset)
+        self.submits += 1
+        self.pending.append(done)
+
+    def complete_one(self) -> None:
+        self.pending.pop(0)(None)
+
+    def close(self) -> None:
+        pass
+
+
+def test_journal_batch_behind_a_sync_is_bounded_by_entries_and_reports_full(tmp_path: Path) -> None:
+    """While a sync is in flight the filling batch reports `full` at batch_entries_max (the server then
+    stops reading), and it is flushed, whole, as soon as the sync returns."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ManualSyncer(), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, batch_entries_max=3)
+        j.start()
+        j.append(REC_ADD, 1, 0, b"a", item=0)  # flushed at once: nothing in flight
+        assert syncer.submits == 1 and not j.full
+        j.append(REC_ADD, 1, 1, b"b", item=1)
+        j.append(REC_ADD, 1, 2, b"c", item=2)
+        assert not j.full
+        j.append(REC_ADD, 1, 3, b"d", item=3)
+        assert j.full and syncer.submits == 1  # one sync in flight at a time
+        syncer.complete_one()
+        assert syncer.submits == 2 and not j.full
+        syncer.complete_one()
+        assert sink.durable == [[0], [1, 2, 3]]
+        j.close()
+
+    run(main)
+
+
+def test_journal_submits_the_next_batch_before_answering_the_last(tmp_path: Path) -> None:
+    """When a sync returns, the batch that filled behind it goes to the device before on_durable runs,
+    so answering one batch overlaps the next sync instead of delaying it."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ManualSyncer()
+        submits_seen: list[int] = []
+        j = Journal(tmp_path, syncer=syncer, loop=loop, preallocate_bytes=1 << 20,
+                    on_durable=lambda items: submits_seen.append(syncer.submits),
+                    on_failed=lambda items, err: None)
+        j.start()
+        j.append(REC_ADD, 1, 0, b"a", item=0)
+        j.append(REC_ADD, 1, 1, b"b", item=1)
+        syncer.complete_one()
+        assert submits_seen == [2]  # the second block was submitted before the first was answered
+        syncer.complete_one()
+        assert submits_seen == [2, 2]
+        j.close()
 
     run(main)
 

@@ -5,6 +5,7 @@ and cold catch-up reads. The client runs in this process (uvloop); bookies are t
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 import uvloop
 
-from bookkeeper.bench import BenchResult, histogram, latency_ms, peak_rss_mb
+from bookkeeper.bench import BenchResult, Latencies, histogram, latency_ms, peak_rss_mb
 from bookkeeper.client import BookKeeper
 from bookkeeper.proto import shard_for_ledger
 from bookkeeper.testing.cluster import LocalCluster
@@ -40,53 +41,59 @@ async def _ledgers_over_shards(bk: BookKeeper, shards: int, **kw: Any) -> list:
     return list(chosen.values())
 
 
-async def _closed_loop(handles: list, payload: bytes, seconds: float, window: int, h,
+async def _closed_loop(handles: list, payload: bytes, seconds: float, window: int, lat: Latencies,
                        acked_at: dict[int, float] | None = None) -> tuple[int, float]:
+    """W adds in flight; the loop wakes once per completed run (acks come in order), not per add."""
     pending: deque = deque()
-    n = 0
-    i = 0
-    t0 = time.perf_counter()
+    counts = lat.counts
+    perf = time.perf_counter
+    n = i = 0
+    t0 = perf()
     t_end = t0 + seconds
-    while time.perf_counter() < t_end:
-        while len(pending) < window:
-            lh = handles[i % len(handles)]
-            i += 1
-            pending.append((lh.add_entry_async(payload), time.perf_counter()))
-        fut, sent = pending.popleft()
-        eid = await fut
-        now = time.perf_counter()
-        h.record_value(max(1, int((now - sent) * 1e6)))
-        if acked_at is not None:
-            acked_at[eid] = now
-        n += 1
-    for fut, sent in pending:
-        await fut
-        h.record_value(max(1, int((time.perf_counter() - sent) * 1e6)))
-        n += 1
-    return n, time.perf_counter() - t0
+    while True:
+        if perf() < t_end:
+            while len(pending) < window:
+                pending.append((handles[i % len(handles)].add_entry_async(payload), perf()))
+                i += 1
+        elif not pending:
+            break
+        if not pending[0][0].done():
+            await pending[0][0]
+        now = perf()
+        while pending and pending[0][0].done():
+            fut, sent = pending.popleft()
+            eid = fut.result()
+            counts[int((now - sent) * 1e6)] += 1
+            if acked_at is not None:
+                acked_at[eid] = now
+            n += 1
+    return n, perf() - t0
 
 
-async def _open_loop(handles: list, payload: bytes, seconds: float, rate: float, h) -> tuple[int, float]:
-    """Send at a fixed rate; latency counts from each add's intended send time."""
-    t0 = time.perf_counter()
-    sent = 0
-    futs: list = []
+async def _open_loop(handles: list, payload: bytes, seconds: float, rate: float, lat: Latencies) -> tuple[int, float]:
+    """Send at a fixed rate; latency counts from each add's intended send time (coordinated
+    omission corrected), taken when its future completes."""
+    counts = lat.counts
+    perf = time.perf_counter
+    outstanding: set[asyncio.Future] = set()
 
     def record(f: asyncio.Future, intended: float) -> None:
+        outstanding.discard(f)
         if not f.exception():
-            h.record_value(max(1, int((time.perf_counter() - intended) * 1e6)))
+            counts[int((perf() - intended) * 1e6)] += 1
 
-    while (now := time.perf_counter()) - t0 < seconds:
+    t0 = perf()
+    sent = 0
+    while (now := perf()) - t0 < seconds:
         due = int((now - t0) * rate)
         while sent < due:
-            intended = t0 + sent / rate
             f = handles[sent % len(handles)].add_entry_async(payload)
-            f.add_done_callback(lambda f, t=intended: record(f, t))
-            futs.append(f)
+            f.add_done_callback(functools.partial(record, intended=t0 + sent / rate))
+            outstanding.add(f)
             sent += 1
         await asyncio.sleep(0.0005)
-    await asyncio.gather(*futs)
-    return sent, time.perf_counter() - t0
+    await asyncio.gather(*outstanding)
+    return sent, perf() - t0
 
 
 def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, window: int,

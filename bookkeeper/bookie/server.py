@@ -138,23 +138,21 @@ class ShardServer:
         self.data_dir = data_dir
         self.connections: set[BookieProtocol] = set()
         self.paused: set[BookieProtocol] = set()
-        # Journal bytes queued behind the sync in flight before senders are paused.
-        self.journal_queue_bytes_max = 4 * max_frame_bytes
         self.counters: dict[int | str, int] = defaultdict(int)  # per op code, and "bad_frames"
         # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
 
     # -- backpressure ------------------------------------------------------------
     def apply_backpressure(self, conn: BookieProtocol) -> None:
-        """Stop reading from a sender while the journal queue is over its bound."""
+        """Stop reading from a sender while the journal's filling batch is full (bytes or entries)."""
         journal = self.journal
-        if journal is not None and journal.queued_bytes > self.journal_queue_bytes_max and conn.transport:
+        if journal is not None and journal.full and conn.transport:
             conn.transport.pause_reading()
             self.paused.add(conn)
 
     def _release_backpressure(self) -> None:
         journal = self.journal
-        if self.paused and journal is not None and journal.queued_bytes <= self.journal_queue_bytes_max // 2:
+        if self.paused and journal is not None and not journal.full:
             for conn in self.paused:
                 if not conn.closed and conn.transport is not None:
                     conn.transport.resume_reading()

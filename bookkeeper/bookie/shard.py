@@ -67,6 +67,7 @@ class Shard:
                                on_durable=self._on_durable, on_failed=self.server.on_failed,
                                group_wait_us_max=cfg.journal_max_group_wait_us,
                                batch_bytes_max=cfg.journal_max_batch_bytes,
+                               batch_entries_max=cfg.journal_max_batch_entries,
                                preallocate_bytes=cfg.journal_preallocate_bytes,
                                file_max_bytes=cfg.journal_file_max_bytes)
         self.server.journal = self.journal

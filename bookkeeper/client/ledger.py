@@ -307,7 +307,8 @@ class WriteHandle(ReadHandle):
         self._failed_bookies: set[str] = set()
         self._changing: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
-        self._segment_key: tuple[LedgerMetadata, int] | None = None
+        self._segment_md: LedgerMetadata | None = None  # what _segment was built from
+        self._segment_epoch = -1
         self._segment: tuple[list[str], list[ShardConnection | None]] = ([], [])
         self._add_callback = self._on_add_response  # one bound method, not one per send
 
@@ -368,16 +369,16 @@ class WriteHandle(ReadHandle):
         New entries always belong to the last segment (a new one starts at LAC + 1), so
         this is cached until the metadata or the pool's routes change.
         """
-        key = (self.metadata, self._bk.pool.routes_epoch)
-        if self._segment_key is None or self._segment_key[0] is not key[0] or self._segment_key[1] != key[1]:
-            ensemble = self.metadata.last_ensemble
+        md, epoch = self.metadata, self._bk.pool.routes_epoch
+        if md is not self._segment_md or epoch != self._segment_epoch:
+            ensemble = md.last_ensemble
             conns: list[ShardConnection | None] = []
             for bookie in ensemble:
                 try:
                     conns.append(self._bk.pool.connection(bookie, self.ledger_id))
                 except BKError:
                     conns.append(None)
-            self._segment_key, self._segment = key, (ensemble, conns)
+            self._segment_md, self._segment_epoch, self._segment = md, epoch, (ensemble, conns)
         return self._segment
 
     async def add_entry(self, data: bytes) -> int:

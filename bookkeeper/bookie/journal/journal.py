@@ -63,7 +63,7 @@ class Journal:
                  loop: asyncio.AbstractEventLoop,
                  on_durable: Callable[[list[Any]], None],
                  on_failed: Callable[[list[Any], OSError], None],
-                 group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20,
+                 group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20, batch_entries_max: int = 65536,
                  preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +73,7 @@ class Journal:
         self.on_failed = on_failed
         self.group_wait_us_max = group_wait_us_max
         self.batch_bytes_max = batch_bytes_max
+        self.batch_entries_max = batch_entries_max
         self.preallocate_bytes = preallocate_bytes
         self.file_max_bytes = file_max_bytes
         self.file_id = 0
@@ -184,6 +185,11 @@ class Journal:
     def queued_bytes(self) -> int:
         return self._batch.nbytes
 
+    @property
+    def full(self) -> bool:
+        """The filling batch reached its bytes or entries bound: senders should wait (backpressure)."""
+        return self._batch.nbytes >= self.batch_bytes_max or self._batch.count >= self.batch_entries_max
+
     def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
         """Add a record to the current batch; item is handed to on_durable once it is durable."""
         if self._failed is not None:
@@ -202,11 +208,14 @@ class Journal:
             batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
             oldest_wait_us=int((time.monotonic() - self._batch_started) * 1e6) if self._batch.count else 0,
             sync_in_flight=False,
-            group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max)
+            group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max,
+            batch_entries_max=self.batch_entries_max)
         if reason is not None:
             self._flush()
         elif self._batch.count and self._timer is None:
-            self._timer = self.loop.call_later(self.group_wait_us_max / 1e6, self._on_timer)
+            # Only the rest of the wait: the batch may have filled behind a sync already.
+            waited_s = time.monotonic() - self._batch_started
+            self._timer = self.loop.call_later(max(0.0, self.group_wait_us_max / 1e6 - waited_s), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -247,11 +256,11 @@ class Journal:
             self._batch, self._batch_items = JournalBatch(), []
         else:
             if self._pos >= self.file_max_bytes:
-                # Roll while nothing is in flight: on_durable may append, and a block it
-                # flushes must go to the new file, never to a descriptor being closed.
-                self._open_new_file()
-            self.on_durable(items)
+                self._open_new_file()  # roll while nothing is in flight
+            # The next batch goes to the device first, then this one is answered: encoding
+            # and sending responses overlaps the next sync instead of delaying it.
             self._maybe_flush()
+            self.on_durable(items)
         if self._inflight_items is None and not self._batch.count:
             for w in self._idle_waiters:
                 if not w.done():
