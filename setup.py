@@ -9,7 +9,7 @@ from setuptools import Extension, find_packages, setup
 EXTENSIONS = [
     Extension(f"bookkeeper._ext.{name}", [f"ext/bookkeeper/_ext/{name}.pyx"],
               extra_compile_args=["-O2"])
-    for name in ("wire", "journal", "client")
+    for name in ("wire", "journal", "client", "entrylog")
 ]
 
 setup(

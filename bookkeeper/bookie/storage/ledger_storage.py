@@ -27,14 +27,14 @@ from pathlib import Path
 
 import lmdb
 
+from bookkeeper._ext.entrylog import encode_batch
 from bookkeeper.bookie.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
 LOG_MAGIC = b"BKELOG01"
-_REC = struct.Struct(">IQq")
 _IDX_KEY = struct.Struct(">QQ")  # entry ids stored are >= 0
-_IDX_VAL = struct.Struct(">IQI")
+_IDX_VAL = struct.Struct(">IQI")  # log id, offset of the data, length (records: _ext/entrylog.pyx)
 _LEDGER_VAL = struct.Struct(">20sBqq")  # master key, fenced, lac, last stored entry id
 _MARK = struct.Struct(">QQ")
 LOG_MAX_BYTES = 1 << 30
@@ -181,24 +181,17 @@ class LedgerStorage:
             if snap:
                 if self._log_pos > LOG_MAX_BYTES:
                     self._open_next_log()
-                chunks: list[bytes] = []
-                pos = self._log_pos
-                for (lid, eid) in sorted(snap):
-                    data = snap[(lid, eid)]
-                    chunks.append(_REC.pack(len(data), lid, eid))
-                    chunks.append(data)
-                    index.append((_IDX_KEY.pack(lid, eid), _IDX_VAL.pack(self._log_id, pos + _REC.size, len(data))))
-                    pos += _REC.size + len(data)
-                view = memoryview(b"".join(chunks))
+                records, index, end = encode_batch(snap, self._log_id, self._log_pos)
+                view = memoryview(records)
                 off = self._log_pos
                 while view:
                     n = os.pwrite(self._log_fd, view, off)
                     view, off = view[n:], off + n
                 os.fdatasync(self._log_fd)
-                self._log_pos = pos
+                self._log_pos = end
             with self.env.begin(write=True) as txn:
-                for k, v in index:
-                    txn.put(k, v, db=self.db_index)
+                if index:
+                    txn.cursor(db=self.db_index).putmulti(index)
                 for lid, st in states.items():
                     txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
                                                                      st.last_entry), db=self.db_ledgers)
