@@ -8,6 +8,7 @@ time (coordinated omission corrected). Every run reports peak RSS per process.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -63,6 +64,66 @@ def peak_rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def rss_mb(pid: int) -> float | None:
+    """VmRSS of a live process, in MiB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used, from /proc (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ProcessWatch:
+    """CPU time and RSS of the processes under test, over a run.
+
+    Why: every figure must say what limits it. The CPU each process spends per operation
+    shows which one saturates first; RSS sampled through a sustained run shows whether a
+    shard's memory stays flat (the journal's backpressure) or grows.
+    """
+
+    def __init__(self, procs: dict[str, int]) -> None:
+        self.procs = procs
+        self.rss: dict[str, list[float]] = {name: [] for name in procs}
+
+    def cpu(self) -> dict[str, float]:
+        return {name: c for name, pid in self.procs.items() if (c := cpu_seconds(pid)) is not None}
+
+    def per_op(self, before: dict[str, float], ops: int, seconds: float) -> dict[str, dict[str, float]]:
+        """CPU per operation (us) and CPU use (% of one core) of each process since `before`."""
+        after = self.cpu()
+        return {name: {"cpu_us_per_op": round((after[name] - before[name]) / max(1, ops) * 1e6, 2),
+                       "cpu_percent": round((after[name] - before[name]) / seconds * 100, 1)}
+                for name in after if name in before}
+
+    def sample_rss(self) -> None:
+        for name, pid in self.procs.items():
+            v = rss_mb(pid)
+            if v is not None:
+                self.rss[name].append(v)
+
+    async def sample_rss_every(self, interval_s: float) -> None:
+        """Sample RSS until cancelled."""
+        while True:
+            self.sample_rss()
+            await asyncio.sleep(interval_s)
+
+    def rss_summary(self) -> dict[str, dict[str, float]]:
+        """Per process: RSS (MiB) at the first and last sample, and the highest seen."""
+        return {name: {"first": v[0], "max": max(v), "last": v[-1], "samples": len(v)}
+                for name, v in self.rss.items() if v}
 
 
 def self_rss() -> dict[str, float | None]:

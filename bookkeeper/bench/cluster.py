@@ -5,21 +5,32 @@ and cold catch-up reads. The client runs in this process (uvloop); bookies are t
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import tempfile
 import time
-from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
 
-from bookkeeper.bench import BenchResult, Latencies, histogram, latency_ms, peak_rss_mb
+from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms, peak_rss_mb
+from bookkeeper._ext.client import DIGEST_CRC32C, encode_entry
 from bookkeeper.client import BookKeeper
-from bookkeeper.proto import shard_for_ledger
+from bookkeeper.proto import Op, shard_for_ledger
 from bookkeeper.testing.cluster import LocalCluster
 
 PRODUCTION_JOURNAL = {"journal_preallocate_bytes": 64 << 20}  # the bookie default, not the test harness's
+
+
+def _processes(cluster: LocalCluster) -> dict[str, int]:
+    """The processes a run involves: this client, and every bookie's supervisor and shards."""
+    out = {f"client[{os.getpid()}]": os.getpid()}
+    for i, b in enumerate(cluster.bookies):
+        if b.pid:
+            out[f"bookie{i}-supervisor[{b.pid}]"] = b.pid
+            for pid in b.shard_pids():
+                out[f"bookie{i}-shard[{pid}]"] = pid
+    return out
 
 
 def _rss(cluster: LocalCluster) -> dict[str, float | None]:
@@ -41,83 +52,188 @@ async def _ledgers_over_shards(bk: BookKeeper, shards: int, **kw: Any) -> list:
     return list(chosen.values())
 
 
-async def _closed_loop(handles: list, payload: bytes, seconds: float, window: int, lat: Latencies,
+Done = Callable[[float, int, "BaseException | None"], None]  # (sent or intended time, entry id, error)
+
+
+class _HandleAdds:
+    """The client driver: adds through a write handle; completion through its future."""
+
+    def __init__(self, lh: Any) -> None:
+        self.lh = lh
+        self.on_done: Done | None = None
+
+    def start(self, on_done: Done) -> None:
+        self.on_done = on_done
+
+    def send(self, data: bytes, t: float) -> None:
+        on_done = self.on_done
+        assert on_done is not None
+        self.lh.add_entry_async(data).add_done_callback(
+            lambda f: on_done(t, -1, f.exception()) if f.exception() else on_done(t, f.result(), None))
+
+
+class _RawAdds:
+    """The raw driver: adds to one ledger over the wire protocol straight from the client's
+    Cython pipe, with no write handle, no quorum tracking and no future, so that the bookie,
+    not the load generator, is what the figures measure (the CPU each process spends per add
+    is printed beside the figures; docs/performance.md)."""
+
+    def __init__(self, bk: BookKeeper, lh: Any) -> None:
+        self.ledger_id = lh.ledger_id
+        self.key = lh._key
+        self.conn = bk.pool.connection(lh.metadata.last_ensemble[0], lh.ledger_id)
+        self.next = 0
+        self.length = 0
+        self.on_done: Done | None = None
+
+    def start(self, on_done: Done) -> None:
+        self.on_done = on_done
+
+    def _complete(self, t: float, resp: tuple | None, err: BaseException | None) -> None:
+        self.on_done(t, -1 if resp is None else resp[4], err)  # type: ignore[misc]
+
+    def send(self, data: bytes, t: float) -> None:
+        eid = self.next
+        self.next += 1
+        self.length += len(data)
+        payload = encode_entry(DIGEST_CRC32C, b"", self.ledger_id, eid, eid - 1, self.length, data)
+        if self.conn.pipe.send(Op.ADD_ENTRY, 0, self.ledger_id, eid, self.key, 0, payload, self._complete, t, 30.0):
+            self.conn.ensure_connecting()
+
+
+async def _closed_loop(senders: list, payload: bytes, seconds: float, window: int, lat: Latencies,
                        acked_at: dict[int, float] | None = None) -> tuple[int, float]:
-    """W adds in flight; the loop wakes once per completed run (acks come in order), not per add."""
-    pending: deque = deque()
+    """W adds in flight: each completion records its latency and sends the next add, so the
+    generator costs one callback per add (no task wakeup, no polling)."""
+    finished = asyncio.get_running_loop().create_future()
     counts = lat.counts
     perf = time.perf_counter
     n = i = 0
+    inflight = window
+    error: BaseException | None = None
     t0 = perf()
     t_end = t0 + seconds
-    while True:
-        if perf() < t_end:
-            while len(pending) < window:
-                pending.append((handles[i % len(handles)].add_entry_async(payload), perf()))
-                i += 1
-        elif not pending:
-            break
-        if not pending[0][0].done():
-            await pending[0][0]
+
+    def on_done(t: float, eid: int, err: BaseException | None) -> None:
+        nonlocal n, i, inflight, error
         now = perf()
-        while pending and pending[0][0].done():
-            fut, sent = pending.popleft()
-            eid = fut.result()
-            counts[int((now - sent) * 1e6)] += 1
+        if err is not None:
+            error = error or err
+        else:
+            counts[int((now - t) * 1e6)] += 1
+            n += 1
             if acked_at is not None:
                 acked_at[eid] = now
-            n += 1
+        if now < t_end and error is None:
+            senders[i % len(senders)].send(payload, now)
+            i += 1
+            return
+        inflight -= 1
+        if inflight == 0 and not finished.done():
+            finished.set_result(None)
+
+    for s in senders:
+        s.start(on_done)
+    for _ in range(window):
+        senders[i % len(senders)].send(payload, perf())
+        i += 1
+    await finished
+    if error is not None:
+        raise error
     return n, perf() - t0
 
 
-async def _open_loop(handles: list, payload: bytes, seconds: float, rate: float, lat: Latencies) -> tuple[int, float]:
+async def _open_loop(senders: list, payload: bytes, seconds: float, rate: float, lat: Latencies) -> tuple[int, float]:
     """Send at a fixed rate; latency counts from each add's intended send time (coordinated
-    omission corrected), taken when its future completes."""
+    omission corrected: a late generator or a stalled bookie both count against the figure)."""
+    finished = asyncio.get_running_loop().create_future()
     counts = lat.counts
     perf = time.perf_counter
-    outstanding: set[asyncio.Future] = set()
+    inflight = 0
+    sending = True
+    error: BaseException | None = None
 
-    def record(f: asyncio.Future, intended: float) -> None:
-        outstanding.discard(f)
-        if not f.exception():
-            counts[int((perf() - intended) * 1e6)] += 1
+    def on_done(t: float, eid: int, err: BaseException | None) -> None:
+        nonlocal inflight, error
+        inflight -= 1
+        if err is not None:
+            error = error or err
+        else:
+            counts[int((perf() - t) * 1e6)] += 1
+        if not sending and inflight == 0 and not finished.done():
+            finished.set_result(None)
 
+    for s in senders:
+        s.start(on_done)
     t0 = perf()
     sent = 0
     while (now := perf()) - t0 < seconds:
         due = int((now - t0) * rate)
         while sent < due:
-            f = handles[sent % len(handles)].add_entry_async(payload)
-            f.add_done_callback(functools.partial(record, intended=t0 + sent / rate))
-            outstanding.add(f)
+            senders[sent % len(senders)].send(payload, t0 + sent / rate)
             sent += 1
+            inflight += 1
         await asyncio.sleep(0.0005)
-    await asyncio.gather(*outstanding)
+    sending = False
+    if inflight:
+        await finished
+    if error is not None:
+        raise error
     return sent, perf() - t0
 
 
 def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, window: int,
-                 open_loop_rate: float = 0.0, sync: str = "io_uring") -> BenchResult:
-    """One bookie (supervisor + shards), E=Qw=Qa=1, durable adds over loopback."""
+                 open_loop_rate: float = 0.0, sync: str = "io_uring", driver: str = "raw") -> list[BenchResult]:
+    """One bookie (supervisor + shards), E=Qw=Qa=1, durable adds over loopback, one ledger per shard.
+
+    Phases on the same bookie, seconds / 3 each: closed loop at W=window (the peak), closed
+    loop at W=1 (latency of a lone add), open loop at half that peak (latency under load,
+    coordinated omission corrected). With open_loop_rate, only an open loop at that rate.
+    driver "raw" sends from the client's Cython pipe (_RawAdds), "client" through write handles.
+    """
     cluster = LocalCluster(tempfile.mkdtemp(prefix="bookie-", dir=directory), bookies=1, shards=shards,
                            journal_sync=sync, bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
-    h = histogram()
+    watch = ProcessWatch(_processes(cluster))
+    phases: list[tuple[str, int, Latencies, float, dict]] = []
     try:
-        async def main() -> tuple[int, float]:
-            async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=1 << 20) as bk:
-                handles = await _ledgers_over_shards(bk, shards, ensemble=1, write_quorum=1, ack_quorum=1)
-                payload = os.urandom(size)
-                if open_loop_rate:
-                    return await _open_loop(handles, payload, seconds, open_loop_rate, h)
-                return await _closed_loop(handles, payload, seconds, window, h)
-        n, dt = uvloop.run(main())
+        async def phase(handles: list, payload: bytes, mode: str, part: float, *, window: int = 0,
+                        rate: float = 0.0) -> None:
+            lat = histogram()
+            before = watch.cpu()
+            if rate:
+                n, dt = await _open_loop(handles, payload, part, rate, lat)
+            else:
+                n, dt = await _closed_loop(handles, payload, part, window, lat)
+            phases.append((mode, n, lat, dt, watch.per_op(before, n, dt)))
+
+        async def main() -> None:
+            sampler = asyncio.create_task(watch.sample_rss_every(0.5))
+            try:
+                async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=1 << 20) as bk:
+                    handles = await _ledgers_over_shards(bk, shards, ensemble=1, write_quorum=1, ack_quorum=1)
+                    handles = [_RawAdds(bk, lh) if driver == "raw" else _HandleAdds(lh) for lh in handles]
+                    payload = os.urandom(size)
+                    if open_loop_rate:
+                        await phase(handles, payload, f"open loop {open_loop_rate:,.0f}/s", seconds,
+                                    rate=open_loop_rate)
+                        return
+                    await phase(handles, payload, f"closed loop W={window}", seconds / 3, window=window)
+                    await phase(handles, payload, "closed loop W=1", seconds / 3, window=1)
+                    rate = phases[0][1] / phases[0][3] / 2
+                    await phase(handles, payload, f"open loop {rate:,.0f}/s (half the peak)", seconds / 3, rate=rate)
+            finally:
+                sampler.cancel()
+        uvloop.run(main())
         rss = _rss(cluster)
     finally:
         cluster.stop()
-    mode = f"open loop {open_loop_rate:,.0f}/s" if open_loop_rate else f"closed loop W={window}"
-    return BenchResult(f"bookie {shards} shard(s) {size} B {mode}", n / dt, n * size / dt / 1e6, latency_ms(h),
-                       {"shards": shards, "entry_bytes": size, "mode": mode, "sync": sync, "peak_rss_mb": rss})
+    rss_over_run = {k: v for k, v in watch.rss_summary().items() if "shard" in k}
+    return [BenchResult(f"bookie {shards} shard(s) {size} B {mode} [{driver}]", n / dt, n * size / dt / 1e6,
+                        latency_ms(lat), {"shards": shards, "entry_bytes": size, "mode": mode, "driver": driver,
+                                          "sync": sync, "cpu": cpu, "shard_rss_mb_over_run": rss_over_run,
+                                          "peak_rss_mb": rss})
+            for mode, n, lat, dt, cpu in phases]
 
 
 def cluster_bench(directory: str, *, size: int, seconds: float, window: int, sync: str = "io_uring") -> BenchResult:
@@ -142,7 +258,7 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int, syn
                             tail_h.record_value(max(1, int((time.perf_counter() - t) * 1e6)))
 
                 tailer = asyncio.create_task(tail())
-                n, dt = await _closed_loop([lh], os.urandom(size), seconds, window, h, acked_at)
+                n, dt = await _closed_loop([_HandleAdds(lh)], os.urandom(size), seconds, window, h, acked_at)
                 await lh.close()
                 await asyncio.wait_for(tailer, 30)
                 return n, dt

@@ -258,9 +258,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 results = [in_shard_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
                                           window=args.window, sync=args.sync) for s in (args.shards or [1, 2])]
             elif args.bench == "bookie":
-                results = [bookie_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
-                                        window=args.window, open_loop_rate=args.rate, sync=args.sync)
-                           for s in (args.shards or [2])]
+                results = [r for s in (args.shards or [2])
+                           for r in bookie_bench(str(work), shards=s, size=(sizes or (100,))[0],
+                                                 seconds=args.seconds / len(args.shards or [2]), window=args.window,
+                                                 open_loop_rate=args.rate, sync=args.sync, driver=args.driver)]
             elif args.bench == "cluster":
                 results = [cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
                                          window=args.window, sync=args.sync)]
@@ -356,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], help="bookie: repeat to compare")
     s.add_argument("--window", type=int, default=1000, help="closed loop: adds in flight")
     s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
+    s.add_argument("--driver", choices=["raw", "client"], default="raw",
+                   help="bookie: send from the client's Cython pipe (raw, lighter than a shard) or through "
+                        "write handles (client)")
     s.add_argument("--in-shard", action="store_true",
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
