@@ -720,6 +720,30 @@ def test_journal_submits_the_next_batch_before_answering_the_last(tmp_path: Path
     run(main)
 
 
+def test_journal_roll_does_not_wait_for_a_spare_still_being_filled(tmp_path: Path) -> None:
+    """A roll while the background zero-fill of the spare is unfinished takes a fallocate'd file
+    instead of stalling, and every record stays replayable across the roll."""
+    import concurrent.futures
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ThreadSyncer(loop), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10)
+        j.start()
+        j._spare = concurrent.futures.Future()  # a filler that has not finished (and never will)
+        for i in range(8):
+            j.append(REC_ADD, 1, i, bytes(20 << 10), item=i)
+            await asyncio.wait_for(j.drain(), 5)
+        assert j.stats["unfilled_rolls"] >= 1 and len(j.file_ids()) >= 2
+        assert sink.durable_items == list(range(8))
+        j.close()
+        syncer.close()
+
+    run(main)
+    records, _ = replay_all(tmp_path)
+    assert [r[2] for r in records] == list(range(8))
+
+
 class FailingSyncer:
     """A journal device that fails every sync: done(OSError(EIO)), now or on the next loop turn."""
 

@@ -338,6 +338,8 @@ cdef class AddTracker:
         """
         if entry_id != self.lac + 1 + self._count:
             raise ValueError(f"entry {entry_id} added out of order (expected {self.lac + 1 + self._count})")
+        if ensemble is not None and len(ensemble) != self.e:
+            raise ValueError(f"ensemble of {len(ensemble)} bookies for a ledger of ensemble size {self.e}")
         if self._count == self._cap:
             self._grow(self._cap * 2)
         cdef Py_ssize_t pos = (self._head + self._count) % self._cap
@@ -347,8 +349,6 @@ cdef class AddTracker:
         self._sizes[pos] = size
         self._futures[pos] = future
         self._payloads[pos] = payload
-        if ensemble is not None and len(ensemble) != self.e:
-            raise ValueError(f"ensemble of {len(ensemble)} bookies for a ledger of ensemble size {self.e}")
         self._sent[pos] = ensemble if ensemble is not None else [None] * self.e
         return <tuple>self._write_sets[entry_id % self.e]
 

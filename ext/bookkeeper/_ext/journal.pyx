@@ -41,32 +41,44 @@ REC_FENCE = 3
 
 
 cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t plen):
-    cdef bytes fields = PyBytes_FromStringAndSize(<const char*>(hdr + 4), 4) + \
-        PyBytes_FromStringAndSize(<const char*>(hdr + 12), 12)
-    cdef uint32_t crc = _crc32c.crc32c(fields)
-    return _crc32c.crc32c(PyBytes_FromStringAndSize(<const char*>payload, plen), crc)
+    """CRC32C of header bytes [4:8] and [12:24], then the payload: read in place, never copied."""
+    cdef uint8_t fields[16]
+    memcpy(fields, hdr + 4, 4)
+    memcpy(fields + 4, hdr + 12, 12)
+    cdef uint32_t crc = _crc32c.crc32c(PyBytes_FromStringAndSize(<const char*>fields, 16))
+    if plen == 0:
+        return crc
+    return _crc32c.crc32c(<const uint8_t[:plen]>payload, crc)
 
 
 cdef class JournalBatch:
     """Records of one group commit, appended into one buffer (per shard, loop thread only)."""
 
     cdef bytearray _buf
+    cdef Py_ssize_t _used  # bytes of _buf in use; the rest is room grown ahead (doubling)
     cdef public Py_ssize_t count
 
-    def __cinit__(self):
-        self._buf = bytearray(BLOCK_HEADER)
+    def __cinit__(self, bytearray reuse=None):
+        """reuse: the buffer of a batch whose block is durable (its size is kept as room,
+        so a steady stream of batches neither reallocates nor faults in fresh pages)."""
+        self._buf = reuse if reuse is not None and len(reuse) >= BLOCK_HEADER else bytearray(BLOCK_HEADER)
+        self._used = BLOCK_HEADER
         self.count = 0
 
     @property
     def nbytes(self) -> int:
         """Bytes of records so far (without block header and padding)."""
-        return PyByteArray_GET_SIZE(self._buf) - BLOCK_HEADER
+        return self._used - BLOCK_HEADER
 
     def add(self, int rtype, uint64_t ledger_id, int64_t entry_id, const uint8_t[::1] data):
         """Append one record. data is copied; the caller may reuse its buffer."""
         cdef Py_ssize_t dlen = data.shape[0]
-        cdef Py_ssize_t old = PyByteArray_GET_SIZE(self._buf)
-        PyByteArray_Resize(self._buf, old + RECORD_HEADER + dlen)
+        cdef Py_ssize_t old = self._used
+        cdef Py_ssize_t need = old + RECORD_HEADER + dlen
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
+        if need > size:  # grow by doubling: a big batch is copied O(log n) times, not O(n)
+            self._grow(need if need > 2 * size else 2 * size)
+        self._used = need
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf) + old
         put_u32(o, <uint32_t>(RECORD_HEADER - 4 + dlen))
         o[4] = <uint8_t>rtype
@@ -76,11 +88,26 @@ cdef class JournalBatch:
             memcpy(o + RECORD_HEADER, &data[0], dlen)
         self.count += 1
 
-    def seal(self, uint64_t seq) -> bytearray:
-        """The batch as one aligned block, ready to write; the batch must not be reused."""
-        cdef Py_ssize_t plen = PyByteArray_GET_SIZE(self._buf) - BLOCK_HEADER
+    cdef int _grow(self, Py_ssize_t size) except -1:
+        try:
+            PyByteArray_Resize(self._buf, size)
+        except BufferError:  # a view of a reused buffer is still alive somewhere: start a new one
+            fresh = bytearray(size)
+            memcpy(PyByteArray_AS_STRING(fresh), PyByteArray_AS_STRING(self._buf), self._used)
+            self._buf = fresh
+        return 0
+
+    @property
+    def buffer(self) -> bytearray:
+        """The underlying buffer, to hand to the next batch once this block is durable."""
+        return self._buf
+
+    def seal(self, uint64_t seq) -> memoryview:
+        """The batch as one aligned block, ready to write; no record may be added after."""
+        cdef Py_ssize_t plen = self._used - BLOCK_HEADER
         cdef Py_ssize_t total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
-        PyByteArray_Resize(self._buf, total)
+        if total > PyByteArray_GET_SIZE(self._buf):
+            self._grow(total)
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf)
         memset(o + BLOCK_HEADER + plen, 0, total - BLOCK_HEADER - plen)
         put_u32(o, BLOCK_MAGIC)
@@ -88,7 +115,7 @@ cdef class JournalBatch:
         put_u32(o + 12, <uint32_t>self.count)
         put_u64(o + 16, seq)
         put_u32(o + 8, _block_crc(o, o + BLOCK_HEADER, plen))
-        return self._buf
+        return memoryview(self._buf)[:total]
 
 
 def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
