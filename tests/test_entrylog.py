@@ -15,8 +15,8 @@ def test_encode_batch_lays_out_records_and_index_in_ledger_then_entry_order() ->
     rng = random.Random(7)
     entries = {(lid, eid): rng.randbytes(rng.randrange(0, 300)) for lid in (9, 2, 5) for eid in rng.sample(range(50), 20)}
     start = 4096
-    records, index, end = encode_batch(dict(entries), 3, start)
-    assert end == start + len(records)
+    records, index, end, nxt = encode_batch(sorted(entries), 0, entries, 3, start, 1 << 30)
+    assert end == start + len(records) and nxt == len(entries)
     assert len(index) == len(entries)
     keys = [(_IDX_KEY.unpack(k)) for k, _ in index]
     assert keys == sorted(entries)
@@ -32,6 +32,23 @@ def test_encode_batch_lays_out_records_and_index_in_ledger_then_entry_order() ->
     assert at == len(records)
 
 
+def test_encode_batch_stops_near_max_bytes_and_continues_where_it_stopped() -> None:
+    """Chunks of about max_bytes (at least one record each) cover every entry once, in order, at
+    consecutive offsets: what a checkpoint writes chunk by chunk is what one call would write."""
+    entries = {(1, e): bytes([e % 256]) * 1000 for e in range(50)}
+    keys = sorted(entries)
+    whole, whole_index, whole_end, _ = encode_batch(keys, 0, entries, 2, 100, 1 << 30)
+    chunks, index, pos, start, calls = [], [], 100, 0, 0
+    while start < len(keys):
+        records, idx, pos, nxt = encode_batch(keys, start, entries, 2, pos, 4096)
+        assert nxt - start == 5  # 1020-byte records: the fifth crosses 4096 bytes
+        chunks.append(records)
+        index += idx
+        start, calls = nxt, calls + 1
+    assert b"".join(chunks) == whole and index == whole_index and pos == whole_end and calls == 10
+    assert encode_batch(keys, 0, entries, 2, 0, 1)[3] == 1  # always at least one record
+
+
 def test_encode_batch_of_nothing_is_empty() -> None:
     """An empty checkpoint writes no bytes and indexes nothing."""
-    assert encode_batch({}, 1, 8) == (b"", [], 8)
+    assert encode_batch([], 0, {}, 1, 8, 1 << 20) == (b"", [], 8, 0)

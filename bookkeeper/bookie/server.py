@@ -128,8 +128,10 @@ class ShardServer:
     """Request handling of one shard: storage + journal + long-poll waiters."""
 
     def __init__(self, *, storage: LedgerStorage, shard_index: int, shards: int,
-                 max_frame_bytes: int, readonly: bool, data_dir: str) -> None:
+                 max_frame_bytes: int, readonly: bool, data_dir: str,
+                 write_cache_max_bytes: int = 64 << 20) -> None:
         self.storage = storage
+        self.write_cache_max_bytes = write_cache_max_bytes
         self.journal: Journal | None = None
         self.shard_index = shard_index
         self.shards = shards
@@ -143,16 +145,21 @@ class ShardServer:
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
 
     # -- backpressure ------------------------------------------------------------
-    def apply_backpressure(self, conn: BookieProtocol) -> None:
-        """Stop reading from a sender while the journal's filling batch is full (bytes or entries)."""
+    def _over_bounds(self) -> bool:
+        """The journal's filling batch is full, or the write cache is over its bound (a
+        checkpoint is still flushing the previous one): memory must not grow further."""
         journal = self.journal
-        if journal is not None and journal.full and conn.transport:
+        return (journal is not None and journal.full) or self.storage.write_cache_bytes > self.write_cache_max_bytes
+
+    def apply_backpressure(self, conn: BookieProtocol) -> None:
+        """Stop reading from a sender while the shard is over its memory bounds."""
+        if conn.transport and self._over_bounds():
             conn.transport.pause_reading()
             self.paused.add(conn)
 
-    def _release_backpressure(self) -> None:
-        journal = self.journal
-        if self.paused and journal is not None and not journal.full:
+    def release_backpressure(self) -> None:
+        """Resume the paused senders once the shard is back within its bounds."""
+        if self.paused and not self._over_bounds():
             for conn in self.paused:
                 if not conn.closed and conn.transport is not None:
                     conn.transport.resume_reading()
@@ -174,7 +181,7 @@ class ShardServer:
             conn.send_now(responses)
         for ledger_id in woken:  # once per ledger per batch, after the batch's LAC moved
             self._wake(ledger_id)
-        self._release_backpressure()
+        self.release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}

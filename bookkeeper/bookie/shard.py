@@ -61,7 +61,8 @@ class Shard:
         self.storage = LedgerStorage(cfg.shard_ledger_dir(index))
         self.server = ShardServer(storage=self.storage, shard_index=index, shards=cfg.shards,
                                   max_frame_bytes=cfg.max_frame_bytes, readonly=cfg.readonly,
-                                  data_dir=str(cfg.shard_ledger_dir(index)))
+                                  data_dir=str(cfg.shard_ledger_dir(index)),
+                                  write_cache_max_bytes=cfg.write_cache_max_bytes)
         self.syncer = make_syncer(cfg.journal_sync, self.loop)
         self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
                                on_durable=self._on_durable, on_failed=self.server.on_failed,
@@ -89,11 +90,14 @@ class Shard:
         if not task.cancelled() and task.exception() is not None:
             log.error("shard %d: checkpoint failed (entries kept, journal not trimmed): %s", self.index,
                       task.exception())
+        elif self.storage.write_cache_bytes > self.cfg.write_cache_max_bytes and not self._stopping.is_set():
+            self.request_checkpoint()  # adds outran that flush: senders wait until this one swaps
 
     async def checkpoint(self) -> None:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
         mark = self.journal.position()
         snap = self.storage.snapshot()
+        self.server.release_backpressure()  # the write cache is empty again
         try:
             await self.loop.run_in_executor(None, self.storage.flush, snap, mark)
         except BaseException:

@@ -37,6 +37,11 @@ _IDX_KEY = struct.Struct(">QQ")  # entry ids stored are >= 0
 _IDX_VAL = struct.Struct(">IQI")  # log id, offset of the data, length (records: _ext/entrylog.pyx)
 _LEDGER_VAL = struct.Struct(">20sBqq")  # master key, fenced, lac, last stored entry id
 _MARK = struct.Struct(">QQ")
+# What a write-cache entry costs beyond its payload: the (ledger, entry) key tuple, its two
+# ints, the dict slot and the bytes header (measured with tracemalloc: ~173 B). Counted so
+# that write_cache_max_bytes bounds memory, not just payload bytes.
+ENTRY_OVERHEAD_BYTES = 170
+_FLUSH_CHUNK_BYTES = 8 << 20  # entry-log bytes laid out per encode_batch: bounds the checkpoint's extra memory
 LOG_MAX_BYTES = 1 << 30
 
 
@@ -128,9 +133,9 @@ class LedgerStorage:
         key = (ledger_id, entry_id)
         old = self.write_cache.get(key)
         if old is not None:
-            self.write_cache_bytes -= len(old)
+            self.write_cache_bytes -= len(old) + ENTRY_OVERHEAD_BYTES
         self.write_cache[key] = data
-        self.write_cache_bytes += len(data)
+        self.write_cache_bytes += len(data) + ENTRY_OVERHEAD_BYTES
         st = self.ledgers.get(ledger_id)
         if st is not None:
             if lac > st.lac:
@@ -176,28 +181,31 @@ class LedgerStorage:
         """Write a snapshot to the entry log, fsync, then commit index + state + deletions + mark
         in one LMDB transaction (worker thread)."""
         snap, states, deletes = snapshot.entries, snapshot.states, snapshot.deletes
-        with self._flush_lock:
-            index: list[tuple[bytes, bytes]] = []
+        with self._flush_lock, self.env.begin(write=True) as txn:
+            # The index goes into the transaction chunk by chunk, but it commits only after the
+            # entry log's fdatasync: the index never points past durable entry-log bytes.
             if snap:
                 if self._log_pos > LOG_MAX_BYTES:
                     self._open_next_log()
-                records, index, end = encode_batch(snap, self._log_id, self._log_pos)
-                view = memoryview(records)
-                off = self._log_pos
-                while view:
-                    n = os.pwrite(self._log_fd, view, off)
-                    view, off = view[n:], off + n
+                cursor = txn.cursor(db=self.db_index)
+                keys = sorted(snap)
+                pos, start = self._log_pos, 0
+                while start < len(keys):
+                    records, index, pos, start = encode_batch(keys, start, snap, self._log_id, pos,
+                                                              _FLUSH_CHUNK_BYTES)
+                    view, off = memoryview(records), pos - len(records)
+                    while view:
+                        n = os.pwrite(self._log_fd, view, off)
+                        view, off = view[n:], off + n
+                    cursor.putmulti(index)
                 os.fdatasync(self._log_fd)
-                self._log_pos = end
-            with self.env.begin(write=True) as txn:
-                if index:
-                    txn.cursor(db=self.db_index).putmulti(index)
-                for lid, st in states.items():
-                    txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
-                                                                     st.last_entry), db=self.db_ledgers)
-                for lid in deletes:
-                    self._delete_in(txn, lid)
-                txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
+                self._log_pos = pos
+            for lid, st in states.items():
+                txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
+                                                                 st.last_entry), db=self.db_ledgers)
+            for lid in deletes:
+                self._delete_in(txn, lid)
+            txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
 
     def flush_done(self, snapshot: Snapshot) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
@@ -213,7 +221,7 @@ class LedgerStorage:
         for key, data in snapshot.entries.items():
             if key not in self.write_cache and key[0] in self.ledgers:
                 self.write_cache[key] = data
-                self.write_cache_bytes += len(data)
+                self.write_cache_bytes += len(data) + ENTRY_OVERHEAD_BYTES
         self._pending_deletes |= snapshot.deletes
         self._flushing = {}
 
@@ -231,7 +239,7 @@ class LedgerStorage:
         """
         self.ledgers.pop(ledger_id, None)
         for key in [k for k in self.write_cache if k[0] == ledger_id]:
-            self.write_cache_bytes -= len(self.write_cache.pop(key))
+            self.write_cache_bytes -= len(self.write_cache.pop(key)) + ENTRY_OVERHEAD_BYTES
         self._pending_deletes.add(ledger_id)
 
     def _delete_in(self, txn: lmdb.Transaction, ledger_id: int) -> None:

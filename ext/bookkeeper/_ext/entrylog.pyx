@@ -25,28 +25,34 @@ cdef enum:
 RECORD_HEADER_BYTES = REC_HEADER
 
 
-def encode_batch(dict entries, uint32_t log_id, uint64_t pos):
-    """Lay out a checkpoint's entries ({(ledger_id, entry_id): bytes}), sorted by ledger then
-    entry so a ledger's entries sit together, as records starting at offset pos of log log_id.
+def encode_batch(list keys, Py_ssize_t start, dict entries, uint32_t log_id, uint64_t pos,
+                 Py_ssize_t max_bytes):
+    """Lay out entries[keys[start]], entries[keys[start + 1]], ... as records starting at offset
+    pos of log log_id, until about max_bytes are laid out (at least one record). keys are
+    (ledger_id, entry_id) in the order to write: sorted, so a ledger's entries sit together.
 
-    Returns (records, index, end): the bytes to append, the (key, value) index pairs in key
-    order (ready for an LMDB putmulti), and the log offset after the last record.
+    Returns (records, index, end, next): the bytes to append, the (key, value) index pairs in
+    key order (ready for an LMDB putmulti), the log offset after the last record, and the
+    position in keys to continue from.
     """
-    cdef list keys = sorted(entries)
+    cdef Py_ssize_t n = len(keys)
+    cdef Py_ssize_t stop = start
     cdef Py_ssize_t total = 0
-    cdef bytes data
     cdef tuple key
-    for key in keys:
-        total += REC_HEADER + PyBytes_GET_SIZE(<bytes>entries[key])
+    while stop < n and (total < max_bytes or stop == start):
+        total += REC_HEADER + PyBytes_GET_SIZE(<bytes>entries[<tuple>keys[stop]])
+        stop += 1
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
     cdef list index = []
     cdef Py_ssize_t at = 0
     cdef Py_ssize_t dlen
+    cdef Py_ssize_t i
     cdef uint64_t lid
     cdef int64_t eid
-    cdef bytes k, v
-    for key in keys:
+    cdef bytes data, k, v
+    for i in range(start, stop):
+        key = <tuple>keys[i]
         data = <bytes>entries[key]
         dlen = PyBytes_GET_SIZE(data)
         lid = key[0]
@@ -64,4 +70,4 @@ def encode_batch(dict entries, uint32_t log_id, uint64_t pos):
         put_u32(<uint8_t*>PyBytes_AS_STRING(v) + 12, <uint32_t>dlen)
         index.append((k, v))
         at += REC_HEADER + dlen
-    return out, index, pos + total
+    return out, index, pos + total, stop
