@@ -1,0 +1,135 @@
+"""A shard's memory bounds (docs/journal.md): it stops reading from its senders while the
+journal's filling batch is full or the write cache is over write_cache_max_bytes, and resumes
+once back within bounds. Driven in-process through the real ShardServer, Journal and
+LedgerStorage, with a journal device whose syncs complete when the test says so."""
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.server import BookieProtocol, ShardServer
+from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
+from bookkeeper.client.digest import DigestManager, master_key
+from bookkeeper.meta.ledger_metadata import DigestType
+from bookkeeper.proto import Op, encode_request
+
+KEY = master_key(b"bp")
+
+
+class HeldSyncer:
+    """Writes for real; each sync completes only when the test releases it."""
+
+    kind = "held"
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[OSError | None], None]] = []
+
+    def submit(self, fd: int, buf: Any, offset: int, done: Callable[[OSError | None], None]) -> None:
+        os.pwrite(fd, buf, offset)
+        self.pending.append(done)
+
+    def release_all(self) -> None:
+        while self.pending:
+            self.pending.pop(0)(None)
+
+    def close(self) -> None:
+        pass
+
+
+class Socket(asyncio.Transport):
+    """Records whether the server wants to read from this sender."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+        self.written = 0
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.written += len(data)
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def adds(ledger_id: int, first: int, n: int, size: int) -> bytes:
+    dm = DigestManager(ledger_id, DigestType.CRC32C, b"bp")
+    return b"".join(encode_request(Op.ADD_ENTRY, 0, e + 1, ledger_id, e, KEY, 0,
+                                   dm.encode(e, e - 1, (e + 1) * size, bytes(size)))
+                    for e in range(first, first + n))
+
+
+def shard(tmp: Path, **server_kw: Any) -> tuple[ShardServer, Journal, HeldSyncer, BookieProtocol, Socket]:
+    loop = asyncio.get_running_loop()
+    storage = LedgerStorage(tmp / "ledgers")
+    server = ShardServer(storage=storage, shard_index=0, shards=1, max_frame_bytes=5 << 20, readonly=False,
+                         data_dir=str(tmp), **server_kw)
+    syncer = HeldSyncer()
+    journal = Journal(tmp / "journal", syncer=syncer, loop=loop, on_durable=server.on_durable,
+                      on_failed=server.on_failed, preallocate_bytes=1 << 20, batch_entries_max=50)
+    journal.start()
+    server.journal = journal
+    conn, sock = BookieProtocol(server), Socket()
+    conn.connection_made(sock)
+    return server, journal, syncer, conn, sock
+
+
+def test_full_journal_batch_pauses_the_sender_until_the_sync_returns(tmp_path: Path) -> None:
+    """Behind a sync in flight, a batch reaching batch_entries_max pauses reading; the sync's
+    return flushes that batch and resumes the sender."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        conn.data_received(adds(2, 0, 10, 100))  # the first flush: a sync now in flight
+        assert sock.reading
+        conn.data_received(adds(2, 10, 60, 100))  # 60 records (+ the master key) behind it
+        assert journal.full and not sock.reading
+        syncer.release_all()
+        assert not journal.full and sock.reading
+        syncer.release_all()
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tmp_path: Path) -> None:
+    """With the write cache over write_cache_max_bytes (overhead counted) the sender is paused;
+    a checkpoint's snapshot empties the cache and release_backpressure resumes it."""
+
+    async def main() -> None:
+        bound = 20 * (132 + ENTRY_OVERHEAD_BYTES)
+        server, journal, syncer, conn, sock = shard(tmp_path, write_cache_max_bytes=bound)
+        conn.data_received(adds(4, 0, 10, 100))
+        syncer.release_all()
+        assert sock.reading and server.storage.write_cache_bytes <= bound
+        conn.data_received(adds(4, 10, 15, 100))
+        syncer.release_all()
+        assert server.storage.write_cache_bytes > bound and not sock.reading
+        server.release_backpressure()
+        assert not sock.reading  # still over: nothing was swapped out
+        server.storage.snapshot()
+        server.release_backpressure()
+        assert sock.reading
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
