@@ -84,6 +84,7 @@ class BookieProtocol(asyncio.Protocol):
         del self._buf[:used]
         for frame in frames:
             self.shard.dispatch(self, frame)
+        self.shard.wake_parked()
         self.flush()
         if bad is None:
             self.shard.apply_backpressure(self)
@@ -143,6 +144,7 @@ class ShardServer:
         self.counters: dict[int | str, int] = defaultdict(int)  # per op code, and "bad_frames"
         # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
+        self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
 
     # -- backpressure ------------------------------------------------------------
     def _over_bounds(self) -> bool:
@@ -169,18 +171,11 @@ class ShardServer:
     def on_durable(self, items: list[Any]) -> None:
         """A journal batch is durable: answer its adds, one write per connection."""
         per_conn: dict[BookieProtocol, list[Response]] = {}
-        waiting = self._waiters
-        woken: set[int] = set()
         for conn, resp in items:
-            if conn is None:
-                continue
-            per_conn.setdefault(conn, []).append(resp)
-            if waiting and resp[0] == _ADD and resp[3] in waiting:
-                woken.add(resp[3])
+            if conn is not None:
+                per_conn.setdefault(conn, []).append(resp)
         for conn, responses in per_conn.items():
             conn.send_now(responses)
-        for ledger_id in woken:  # once per ledger per batch, after the batch's LAC moved
-            self._wake(ledger_id)
         self.release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
@@ -243,6 +238,8 @@ class ShardServer:
             conn.respond((_ADD, status, req_id, ledger_id, entry_id, -1, b""))
             return
         self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
+        if self._waiters and ledger_id in self._waiters:
+            self._to_wake.add(ledger_id)  # its LAC or its entries moved: see wake_parked
         self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
                             (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b"")))  # type: ignore[union-attr]
 
@@ -350,6 +347,18 @@ class ShardServer:
                 self._waiters[ledger_id] = keep
             else:
                 del self._waiters[ledger_id]
+
+    def wake_parked(self) -> None:
+        """Answer the parked long polls that the adds of one receive buffer made answerable.
+
+        Why at arrival, not once the add is durable: the LAC an add carries says entries up
+        to it are acknowledged (durable on an ack quorum), which is all a long poll needs;
+        waiting for this bookie's own sync of the carrying add would only add a sync to
+        every tailer's latency. Once per ledger per receive buffer.
+        """
+        to_wake, self._to_wake = self._to_wake, set()
+        for ledger_id in to_wake:
+            self._wake(ledger_id)
 
     def _wake(self, ledger_id: int) -> None:
         """Answer the long polls of a ledger whose entries the LAC now covers."""

@@ -1,7 +1,7 @@
-"""A shard's memory bounds (docs/journal.md): it stops reading from its senders while the
-journal's filling batch is full or the write cache is over write_cache_max_bytes, and resumes
-once back within bounds. Driven in-process through the real ShardServer, Journal and
-LedgerStorage, with a journal device whose syncs complete when the test says so."""
+"""A shard driven in-process through the real ShardServer, Journal and LedgerStorage, with a
+journal device whose syncs complete when the test says so: its memory bounds (it stops reading
+from its senders while the journal's filling batch is full or the write cache is over
+write_cache_max_bytes, docs/journal.md) and when parked long polls are answered."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +18,7 @@ from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.client.digest import DigestManager, master_key
 from bookkeeper.meta.ledger_metadata import DigestType
-from bookkeeper.proto import Op, encode_request
+from bookkeeper.proto import Flag, Op, Status, encode_request, parse_responses
 
 KEY = master_key(b"bp")
 
@@ -49,10 +49,14 @@ class Socket(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.reading = True
-        self.written = 0
+        self.received = bytearray()
 
     def write(self, data: bytes) -> None:  # type: ignore[override]
-        self.written += len(data)
+        self.received += data
+
+    def responses(self) -> list[tuple]:
+        frames, _ = parse_responses(bytes(self.received), 5 << 20)
+        return frames
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -129,6 +133,30 @@ def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tm
         server.storage.snapshot()
         server.release_backpressure()
         assert sock.reading
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_parked_long_poll_is_answered_when_a_covering_lac_arrives_not_when_it_is_durable(tmp_path: Path) -> None:
+    """A long poll parks until the shard's LAC covers its entry; the add whose piggybacked LAC
+    covers it answers the poll on arrival, before that add's own sync returns (the LAC already
+    says the entry is acknowledged), while that add itself is answered only once durable."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        conn.data_received(adds(6, 0, 1, 10))  # entry 0 carries LAC -1
+        syncer.release_all()
+        poll = encode_request(Op.READ_ENTRY, Flag.LONG_POLL, 99, 6, 0, KEY, 5000, b"")
+        conn.data_received(poll)
+        assert [r for r in sock.responses() if r[2] == 99] == []  # LAC -1 does not cover entry 0: parked
+        conn.data_received(adds(6, 1, 1, 10))  # entry 1 carries LAC 0
+        answered = [r for r in sock.responses() if r[2] == 99]
+        assert [(r[0], r[1], r[4], r[5]) for r in answered] == [(Op.READ_ENTRY, Status.OK, 0, 0)]
+        assert not [r for r in sock.responses() if r[0] == Op.ADD_ENTRY and r[4] == 1]  # not durable yet
+        syncer.release_all()
+        assert [r for r in sock.responses() if r[0] == Op.ADD_ENTRY and r[4] == 1]
         journal.close()
         server.storage.close()
 
