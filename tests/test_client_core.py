@@ -84,9 +84,11 @@ def test_mac_needs_its_key_and_dummy_detects_nothing() -> None:
 
 # -- RequestPipe ------------------------------------------------------------------------
 def make_pipe(n: int = 0, max_frame: int = MAX) -> tuple[RequestPipe, list, list]:
-    """(pipe, flush calls, callback calls): error_for(status) is ("error", status); n requests "ctx0".. sent."""
-    flushes: list[int] = []
-    pipe, calls = RequestPipe(max_frame, lambda status: ("error", status), lambda: flushes.append(1)), []
+    """(pipe, flush calls, callback calls): error_for(status) is ("error", status); n requests "ctx0".. sent.
+    A scheduled flush is recorded as 1, an eager one (outbox past 16 KiB) as "now"."""
+    flushes: list = []
+    pipe, calls = RequestPipe(max_frame, lambda status: ("error", status), lambda: flushes.append(1),
+                              lambda: flushes.append("now")), []
     for i in range(n):
         send(pipe, calls, f"ctx{i}")  # request id i + 1
     return pipe, flushes, calls
@@ -337,3 +339,21 @@ def test_BUG_rejected_add_with_wrong_length_ensemble_leaves_tracker_unchanged() 
         t.add(0, 1, None, b"p", ["x", "y"])
     assert t.outstanding == 0 and t.pending_ids() == []
     assert t.add(0, 1, None, b"p", ["a", "b", "c"]) == (0, 1)
+
+
+def test_outbox_past_eager_bytes_is_written_at_once() -> None:
+    """Once the outbox holds eager_bytes, each further send asks for an immediate write, so a burst
+    of requests starts reaching the bookie before the loop turn ends; below it, only the one
+    scheduled flush of the turn."""
+    flushes: list = []
+    pipe = RequestPipe(MAX, lambda status: None, lambda: flushes.append("soon"),
+                       lambda: flushes.append(("now", len(pipe.take() or b""))), 1000)
+    pipe.connected = True
+    frame = 56 + 200
+    for _ in range(3):
+        pipe.send(Op.ADD_ENTRY, 0, 7, 1, KEY, 0, bytes(200), lambda c, r, e: None, None, 60.0)
+    assert flushes == ["soon"]  # 768 bytes queued: under the threshold
+    pipe.send(Op.ADD_ENTRY, 0, 7, 1, KEY, 0, bytes(200), lambda c, r, e: None, None, 60.0)
+    assert flushes == ["soon", ("now", 4 * frame)]
+    pipe.send(Op.ADD_ENTRY, 0, 7, 1, KEY, 0, bytes(200), lambda c, r, e: None, None, 60.0)
+    assert flushes == ["soon", ("now", 4 * frame), "soon"]  # the outbox was emptied: a new turn's flush

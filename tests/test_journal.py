@@ -681,7 +681,8 @@ def test_journal_batch_behind_a_sync_is_bounded_by_entries_and_reports_full(tmp_
         syncer, sink = ManualSyncer(), Sink()
         j = new_journal(tmp_path, syncer, loop, sink, batch_entries_max=3)
         j.start()
-        j.append(REC_ADD, 1, 0, b"a", item=0)  # flushed at once: nothing in flight
+        j.append(REC_ADD, 1, 0, b"a", item=0)  # flushed at the end of this loop turn: nothing in flight
+        await asyncio.sleep(0)
         assert syncer.submits == 1 and not j.full
         j.append(REC_ADD, 1, 1, b"b", item=1)
         j.append(REC_ADD, 1, 2, b"c", item=2)
@@ -710,6 +711,7 @@ def test_journal_submits_the_next_batch_before_answering_the_last(tmp_path: Path
                     on_failed=lambda items, err: None)
         j.start()
         j.append(REC_ADD, 1, 0, b"a", item=0)
+        await asyncio.sleep(0)
         j.append(REC_ADD, 1, 1, b"b", item=1)
         syncer.complete_one()
         assert submits_seen == [2]  # the second block was submitted before the first was answered
@@ -742,6 +744,27 @@ def test_journal_roll_does_not_wait_for_a_spare_still_being_filled(tmp_path: Pat
     run(main)
     records, _ = replay_all(tmp_path)
     assert [r[2] for r in records] == list(range(8))
+
+
+def test_journal_records_of_one_loop_turn_share_one_block(tmp_path: Path) -> None:
+    """With nothing in flight, the flush is decided at the end of the loop turn: every record
+    appended in that turn (a whole receive buffer) goes into one block and one sync."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ManualSyncer(), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink)
+        j.start()
+        for i in range(5):
+            j.append(REC_ADD, 1, i, b"r", item=i)
+        assert syncer.submits == 0
+        await asyncio.sleep(0)
+        assert syncer.submits == 1
+        syncer.complete_one()
+        assert sink.durable == [[0, 1, 2, 3, 4]]
+        j.close()
+
+    run(main)
 
 
 class FailingSyncer:
@@ -824,6 +847,7 @@ def test_journal_failure_after_success_keeps_durable_items(tmp_path: Path) -> No
         j = new_journal(tmp_path, syncer, loop, sink)
         j.start()
         j.append(REC_ADD, 1, 0, b"d", item=0)        # block 1: succeeds
+        await asyncio.sleep(0)                       # (flushed at the end of the loop turn)
         for i in range(1, 4):
             j.append(REC_ADD, 1, i, b"d", item=i)    # block 2 (filled during sync 1): fails
         await asyncio.wait_for(j.drain(), 5)

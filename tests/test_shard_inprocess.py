@@ -102,8 +102,9 @@ def test_full_journal_batch_pauses_the_sender_until_the_sync_returns(tmp_path: P
 
     async def main() -> None:
         server, journal, syncer, conn, sock = shard(tmp_path)
-        conn.data_received(adds(2, 0, 10, 100))  # the first flush: a sync now in flight
-        assert sock.reading
+        conn.data_received(adds(2, 0, 10, 100))
+        await asyncio.sleep(0)  # the first flush, at the end of the loop turn: a sync now in flight
+        assert sock.reading and syncer.pending
         conn.data_received(adds(2, 10, 60, 100))  # 60 records (+ the master key) behind it
         assert journal.full and not sock.reading
         syncer.release_all()
@@ -123,9 +124,11 @@ def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tm
         bound = 20 * (132 + ENTRY_OVERHEAD_BYTES)
         server, journal, syncer, conn, sock = shard(tmp_path, write_cache_max_bytes=bound)
         conn.data_received(adds(4, 0, 10, 100))
+        await asyncio.sleep(0)
         syncer.release_all()
         assert sock.reading and server.storage.write_cache_bytes <= bound
         conn.data_received(adds(4, 10, 15, 100))
+        await asyncio.sleep(0)
         syncer.release_all()
         assert server.storage.write_cache_bytes > bound and not sock.reading
         server.release_backpressure()
@@ -147,6 +150,7 @@ def test_parked_long_poll_is_answered_when_a_covering_lac_arrives_not_when_it_is
     async def main() -> None:
         server, journal, syncer, conn, sock = shard(tmp_path)
         conn.data_received(adds(6, 0, 1, 10))  # entry 0 carries LAC -1
+        await asyncio.sleep(0)
         syncer.release_all()
         poll = encode_request(Op.READ_ENTRY, Flag.LONG_POLL, 99, 6, 0, KEY, 5000, b"")
         conn.data_received(poll)
@@ -155,6 +159,7 @@ def test_parked_long_poll_is_answered_when_a_covering_lac_arrives_not_when_it_is
         answered = [r for r in sock.responses() if r[2] == 99]
         assert [(r[0], r[1], r[4], r[5]) for r in answered] == [(Op.READ_ENTRY, Status.OK, 0, 0)]
         assert not [r for r in sock.responses() if r[0] == Op.ADD_ENTRY and r[4] == 1]  # not durable yet
+        await asyncio.sleep(0)
         syncer.release_all()
         assert [r for r in sock.responses() if r[0] == Op.ADD_ENTRY and r[4] == 1]
         journal.close()

@@ -236,39 +236,53 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
             for mode, n, lat, dt, cpu in phases]
 
 
-def cluster_bench(directory: str, *, size: int, seconds: float, window: int, sync: str = "io_uring") -> BenchResult:
-    """3 bookies, a 3/2/2 ledger: add throughput and latency, and a tailing reader's delay after each ack."""
+def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
+                  sync: str = "io_uring") -> list[BenchResult]:
+    """3 bookies, a 3/2/2 ledger written through a write handle (the real client: striping,
+    quorum, in-order acks). Two phases, seconds / 2 each: closed loop at W=window (the
+    peak), then W=1 with a tailing reader (another client in this process) following the
+    ledger: the add latency of a lone add, and the tail latency, from the writer's ack of
+    an entry to the reader's delivery of it."""
     cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync,
                            bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
-    h = histogram()
-    tail_h = histogram()
+    watch = ProcessWatch(_processes(cluster))
+    phases: list[tuple[str, int, Latencies, float, dict, Latencies | None]] = []
     try:
-        async def main() -> tuple[int, float]:
+        async def main() -> None:
             async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=1 << 20) as bk, \
                     await BookKeeper.connect(cluster.metadata_uri) as reader:
                 lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+                payload = os.urandom(size)
+                lat, before = histogram(), watch.cpu()
+                n, dt = await _closed_loop([_HandleAdds(lh)], payload, seconds / 2, window, lat)
+                phases.append((f"W={window}", n, lat, dt, watch.per_op(before, n, dt), None))
+
                 rh = await reader.open_ledger(lh.ledger_id, recovery=False)
                 acked_at: dict[int, float] = {}
+                tail_lat = histogram()
 
-                async def tail() -> None:
-                    async for e in rh.tail(0):
+                async def tail(start: int) -> None:
+                    async for e in rh.tail(start):
                         t = acked_at.pop(e.entry_id, None)
                         if t is not None:
-                            tail_h.record_value(max(1, int((time.perf_counter() - t) * 1e6)))
+                            tail_lat.counts[int((time.perf_counter() - t) * 1e6)] += 1
 
-                tailer = asyncio.create_task(tail())
-                n, dt = await _closed_loop([_HandleAdds(lh)], os.urandom(size), seconds, window, h, acked_at)
+                tailer = asyncio.create_task(tail(lh.last_add_confirmed + 1))
+                lat, before = histogram(), watch.cpu()
+                n, dt = await _closed_loop([_HandleAdds(lh)], payload, seconds / 2, 1, lat, acked_at)
+                phases.append(("W=1, tailing reader", n, lat, dt, watch.per_op(before, n, dt), tail_lat))
                 await lh.close()
                 await asyncio.wait_for(tailer, 30)
-                return n, dt
-        n, dt = uvloop.run(main())
+        uvloop.run(main())
         rss = _rss(cluster)
     finally:
         cluster.stop()
-    return BenchResult(f"cluster 3/2/2 {size} B W={window}", n / dt, n * size / dt / 1e6, latency_ms(h),
-                       {"entry_bytes": size, "tail_latency_ms": latency_ms(tail_h), "sync": sync,
-                        "peak_rss_mb": rss})
+    return [BenchResult(f"cluster 3/2/2 {size} B {mode}", n / dt, n * size / dt / 1e6, latency_ms(lat),
+                        {"entry_bytes": size, "mode": mode, "sync": sync, "cpu": cpu,
+                         **({"tail_latency_ms": latency_ms(tail_lat)} if tail_lat is not None else {}),
+                         "peak_rss_mb": rss})
+            for mode, n, lat, dt, cpu, tail_lat in phases]
 
 
 def read_bench(directory: str, *, size: int, entries: int, sync: str = "io_uring") -> BenchResult:

@@ -91,5 +91,6 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
     })
 
 
-def run_journal(directory: str, seconds: float, *, sync: str, sizes: tuple[int, ...] = SIZES) -> list[BenchResult]:
-    return [journal_bench(directory, s, seconds / len(sizes) * 0.7, sync=sync) for s in sizes]
+def run_journal(directory: str, seconds: float, *, sync: str, sizes: tuple[int, ...] = SIZES,
+                window: int = 1000) -> list[BenchResult]:
+    return [journal_bench(directory, s, seconds / len(sizes) * 0.7, sync=sync, window=window) for s in sizes]

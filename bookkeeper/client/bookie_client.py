@@ -57,7 +57,8 @@ class ShardConnection:
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
         self._loop = asyncio.get_running_loop()
-        self.pipe = RequestPipe(max_frame_bytes, self._error_for, functools.partial(self._loop.call_soon, self._flush))
+        self.pipe = RequestPipe(max_frame_bytes, self._error_for, functools.partial(self._loop.call_soon, self._flush),
+                                self._flush)
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task[None] | None = None
 

@@ -90,6 +90,7 @@ class Journal:
         self._inflight_batch: JournalBatch | None = None
         self._free_buffer: bytearray | None = None  # the last durable block's buffer, for the next batch
         self._timer: asyncio.TimerHandle | None = None
+        self._flush_soon = False  # a _flush_deferred is scheduled for this loop turn
         self._failed: OSError | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
         self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0}
@@ -219,6 +220,18 @@ class Journal:
             self._batch_started = time.monotonic()
         self._batch.add(rtype, ledger_id, entry_id, data)
         self._batch_items.append(item)
+        if self._inflight_items is not None:
+            return  # the batch fills behind the sync in flight
+        if self.full:
+            self._maybe_flush()
+        elif not self._flush_soon:
+            # Decide at the end of this loop turn, not at this record: every record of the
+            # receive buffers being dispatched now joins one block (one sync, not two).
+            self._flush_soon = True
+            self.loop.call_soon(self._flush_deferred)
+
+    def _flush_deferred(self) -> None:
+        self._flush_soon = False
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:

@@ -127,11 +127,17 @@ cdef class RequestPipe:
     cdef Py_ssize_t _max_frame
     cdef object _error_for
     cdef object _schedule_flush
+    cdef object _flush_now
+    cdef Py_ssize_t _eager_bytes
     cdef public bint connected
 
-    def __cinit__(self, Py_ssize_t max_frame, error_for, schedule_flush):
+    def __cinit__(self, Py_ssize_t max_frame, error_for, schedule_flush, flush_now,
+                  Py_ssize_t eager_bytes=16384):
         """error_for(status) -> BKError; schedule_flush() arranges one write of the outbox
-        (called when a frame lands in an empty outbox of a connected pipe)."""
+        (called when a frame lands in an empty outbox of a connected pipe); flush_now()
+        writes it at once (called when the outbox reaches eager_bytes: a burst of requests,
+        e.g. sent from the callbacks of one big receive buffer, starts reaching the bookie
+        while the rest is still being made, instead of all at the end of the loop turn)."""
         self._out = bytearray()
         self._in = bytearray()
         self._pending = {}
@@ -139,6 +145,8 @@ cdef class RequestPipe:
         self._max_frame = max_frame
         self._error_for = error_for
         self._schedule_flush = schedule_flush
+        self._flush_now = flush_now
+        self._eager_bytes = eager_bytes
         self.connected = False
 
     @property
@@ -165,6 +173,8 @@ cdef class RequestPipe:
             return True
         if old == 0:
             self._schedule_flush()
+        elif old + REQ_HEADER + plen >= self._eager_bytes:
+            self._flush_now()
         return False
 
     def take(self):
