@@ -44,3 +44,12 @@ def test_bench_over_real_bookies_prints_json_and_rss(tmp_path: Path, args: list[
     doc = bench(*args, "--seconds", "3", tmp=tmp_path)
     assert any("shard" in k for k in doc["peak_rss_mb"])
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
+def test_bench_client_reports_cpu_per_add_for_both_quorum_configs(tmp_path: Path) -> None:
+    """`bench client` measures a write handle against in-process echo bookies: one figure per
+    E/Qw/Qa configuration, each with the client's CPU per add, and every add acknowledged."""
+    doc = bench("client", "--seconds", "1", "--window", "50", tmp=tmp_path)
+    names = [r["name"] for r in doc["results"]]
+    assert [n.split()[1] for n in names] == ["1/1/1", "3/2/2"]
+    assert all(r["ops_per_s"] > 0 and r["cpu_us_per_add"] > 0 for r in doc["results"])

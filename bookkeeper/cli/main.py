@@ -262,6 +262,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            for r in bookie_bench(str(work), shards=s, size=(sizes or (100,))[0],
                                                  seconds=args.seconds / len(args.shards or [2]), window=args.window,
                                                  open_loop_rate=args.rate, sync=args.sync, driver=args.driver)]
+            elif args.bench == "client":
+                from bookkeeper.bench.client import client_bench
+                results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=args.window)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
                                         window=args.window, sync=args.sync)
@@ -348,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ledger_delete)
 
     s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
-    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read"])
+    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client"])
     s.add_argument("--json", action="store_true")
     s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
     s.add_argument("--seconds", type=float, default=20.0)

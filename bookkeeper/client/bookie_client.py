@@ -75,7 +75,12 @@ class ShardConnection:
             self.pipe.discard_outbox()
             self.pipe.fail_all(BookieUnavailableError(f"cannot connect to {self.host}:{self.port}: {e}"))
             return
-        self._transport = transport  # type: ignore[assignment]
+        self.attach(transport)  # type: ignore[arg-type]
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        """Use this transport (connected, its protocol a _ShardProtocol of this connection) and
+        send what waited for it. `bk bench client` attaches an in-process echo this way."""
+        self._transport = transport
         self.pipe.connected = True
         self._flush()
 
