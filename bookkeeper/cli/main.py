@@ -247,27 +247,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bk-bench-", dir=directory))
     sizes = tuple(args.size) if args.size else None
+    window = args.window or (4000 if args.bench == "cluster" else 1000)
     with err.status(f"bk bench {args.bench} ...", spinner="dots") if not args.json else _null():
         try:
             if args.bench == "limits":
                 results = run_limits(str(work), args.seconds)
             elif args.bench == "journal":
-                results = run_journal(str(work), args.seconds, sync=args.sync, sizes=sizes or SIZES, window=args.window)
+                results = run_journal(str(work), args.seconds, sync=args.sync, sizes=sizes or SIZES,
+                                      window=window)
             elif args.bench == "bookie" and args.in_shard:
                 from bookkeeper.bench.shard import in_shard_bench
                 results = [in_shard_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
-                                          window=args.window, sync=args.sync) for s in (args.shards or [1, 2])]
+                                          window=window, sync=args.sync) for s in (args.shards or [1, 2])]
             elif args.bench == "bookie":
                 results = [r for s in (args.shards or [2])
                            for r in bookie_bench(str(work), shards=s, size=(sizes or (100,))[0],
-                                                 seconds=args.seconds / len(args.shards or [2]), window=args.window,
+                                                 seconds=args.seconds / len(args.shards or [2]),
+                                                 window=window,
                                                  open_loop_rate=args.rate, sync=args.sync, driver=args.driver)]
             elif args.bench == "client":
                 from bookkeeper.bench.client import client_bench
-                results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=args.window)
+                results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=window)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
-                                        window=args.window, sync=args.sync)
+                                        window=window, sync=args.sync)
             else:
                 results = [read_bench(str(work), size=(sizes or (4096,))[0], entries=args.entries, sync=args.sync)]
         finally:
@@ -358,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sync", choices=["io_uring", "thread"], default="io_uring")
     s.add_argument("--size", type=int, action="append", help="entry bytes (repeatable for journal)")
     s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], help="bookie: repeat to compare")
-    s.add_argument("--window", type=int, default=1000, help="closed loop: adds (journal: records) in flight")
+    s.add_argument("--window", type=int, default=None,
+                   help="closed loop: adds (journal: records) in flight; default 1000, cluster 4000 (its peak "
+                        "needs the depth: one client feeding three bookies)")
     s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
     s.add_argument("--driver", choices=["raw", "client"], default="raw",
                    help="bookie: send from the client's Cython pipe (raw, lighter than a shard) or through "
