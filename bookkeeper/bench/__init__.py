@@ -55,26 +55,25 @@ def latency_ms(lat: Latencies) -> dict[str, float]:
             for k, p in (("p50", 50.0), ("p99", 99.0), ("p999", 99.9))}
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """VmHWM of a live process, in MiB."""
+def _status_mb(pid: int, field: str) -> float | None:
+    """A kB field of /proc/PID/status, in MiB (None once the process is gone)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return round(int(line.split()[1]) / 1024.0, 1)
     except OSError:
         return None
     return None
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak RSS) of a live process, in MiB."""
+    return _status_mb(pid, "VmHWM:")
 
 
 def rss_mb(pid: int) -> float | None:
-    """VmRSS of a live process, in MiB (None once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        return None
-    return None
+    """VmRSS of a live process, in MiB."""
+    return _status_mb(pid, "VmRSS:")
 
 
 def cpu_seconds(pid: int) -> float | None:
