@@ -767,6 +767,26 @@ def test_journal_records_of_one_loop_turn_share_one_block(tmp_path: Path) -> Non
     run(main)
 
 
+def test_journal_closed_in_the_turn_of_an_append_writes_nothing_after_close(tmp_path: Path) -> None:
+    """A flush deferred to the end of the loop turn does not run against a journal closed in that
+    turn (its file is gone): nothing is submitted and the loop reports no error."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict] = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        syncer = ManualSyncer()
+        j = new_journal(tmp_path, syncer, loop, Sink())
+        j.start()
+        j.append(REC_ADD, 1, 0, b"x", item=0)
+        j.close()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert syncer.submits == 0 and errors == []
+
+    run(main)
+
+
 class FailingSyncer:
     """A journal device that fails every sync: done(OSError(EIO)), now or on the next loop turn."""
 

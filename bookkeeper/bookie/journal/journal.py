@@ -91,6 +91,7 @@ class Journal:
         self._free_buffer: bytearray | None = None  # the last durable block's buffer, for the next batch
         self._timer: asyncio.TimerHandle | None = None
         self._flush_soon = False  # a _flush_deferred is scheduled for this loop turn
+        self._closed = False
         self._failed: OSError | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
         self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0}
@@ -232,7 +233,8 @@ class Journal:
 
     def _flush_deferred(self) -> None:
         self._flush_soon = False
-        self._maybe_flush()
+        if not self._closed:  # closed within the turn that scheduled this: nothing to write to
+            self._maybe_flush()
 
     def _maybe_flush(self) -> None:
         if self._inflight_items is not None:
@@ -316,6 +318,8 @@ class Journal:
         await fut
 
     def close(self) -> None:
+        """Release the file and the filler; records not yet flushed stay unanswered (drain first)."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         if self._filler is not None:
