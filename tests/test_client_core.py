@@ -168,7 +168,8 @@ def test_feed_split_at_every_byte_offset() -> None:
 
 @pytest.mark.parametrize("bad", [struct.pack(">IB", 97, 1) + bytes(96),   # 101 bytes: over max_frame=100
                                  struct.pack(">IB", 36, 2) + bytes(35),   # unknown version
-                                 struct.pack(">IB", 35, 1) + bytes(34)])  # 39 bytes: under the 40-byte header
+                                 struct.pack(">IB", 35, 1) + bytes(34)],  # 39 bytes: under the 40-byte header
+                         ids=["too_long", "bad_version", "too_short"])
 def test_unparseable_frame_raises_frame_error(bad: bytes) -> None:
     """A frame over max_frame, with a bad version, or under 40 bytes raises FrameError (after earlier frames)."""
     good = encode_responses([resp(1, payload=b"q" * 60)])
@@ -332,7 +333,7 @@ def test_ensemble_size_limit_and_ensemble_length() -> None:
             AddTracker(ensemble_size=64, write_quorum=2, ack_quorum=1).add(0, 1, None, b"p", ["x"] * size)
 
 
-def test_BUG_rejected_add_with_wrong_length_ensemble_leaves_tracker_unchanged() -> None:
+def test_rejected_add_with_wrong_length_ensemble_leaves_tracker_unchanged() -> None:
     """A rejected add() must not register the entry (the same id can then be added properly)."""
     t = AddTracker(ensemble_size=3, write_quorum=2, ack_quorum=1)
     with pytest.raises(ValueError):
