@@ -358,3 +358,44 @@ def test_outbox_past_eager_bytes_is_written_at_once() -> None:
     assert flushes == ["soon", ("now", 4 * frame)]
     pipe.send(Op.ADD_ENTRY, 0, 7, 1, KEY, 0, bytes(200), lambda c, r, e: None, None, 60.0)
     assert flushes == ["soon", ("now", 4 * frame), "soon"]  # the outbox was emptied: a new turn's flush
+
+
+def test_a_transport_given_up_on_cannot_touch_the_next_ones_requests() -> None:
+    """After a bad frame the connection drops its transport at once; when that old transport
+    reports connection_lost (or data) later, the requests and buffer of the new one are untouched."""
+    import asyncio
+
+    from bookkeeper.client.bookie_client import ShardConnection, _ShardProtocol
+
+    class Fake(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closed = False
+
+        def write(self, data) -> None:  # noqa: ANN001
+            pass
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def main() -> None:
+        conn = ShardConnection("h", 1, timeout_s=30.0, max_frame_bytes=MAX)
+        old_proto, old = _ShardProtocol(conn), Fake()
+        old_proto.connection_made(old)
+        conn.attach(old)
+        old_proto.data_received(b"\x00\x00\x00\x05\x07garbage")  # too short: FrameError, dropped at once
+        new_proto, new = _ShardProtocol(conn), Fake()
+        new_proto.connection_made(new)
+        conn.attach(new)
+        got: list = []
+        conn.request(Op.ADD_ENTRY, 0, 1, 0, KEY, 0, b"p", lambda c, r, e: got.append(e), None)
+        old_proto.connection_lost(None)  # late report from the transport given up on
+        old_proto.data_received(b"\x00")
+        assert got == [] and conn.pipe.outstanding == 1 and conn.pipe.connected
+        new_proto.connection_lost(None)
+        assert len(got) == 1 and got[0] is not None and conn.pipe.outstanding == 0
+
+    asyncio.run(main())

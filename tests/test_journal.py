@@ -787,6 +787,31 @@ def test_journal_closed_in_the_turn_of_an_append_writes_nothing_after_close(tmp_
     run(main)
 
 
+def test_journal_roll_failure_fails_the_queued_batch_but_answers_the_durable_one(tmp_path: Path) -> None:
+    """When a sync returns and rolling to the next file fails (e.g. ENOSPC), the block that just
+    became durable is still answered; the batch that needed the new file fails, as do later appends."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ManualSyncer(), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10)
+        j.start()
+        j.append(REC_ADD, 1, 0, bytes(40 << 10), item=0)
+        await asyncio.sleep(0)
+        j.append(REC_ADD, 1, 1, bytes(40 << 10), item=1)  # does not fit the file: needs a roll
+
+        def no_space() -> None:
+            raise OSError(errno.ENOSPC, "injected: no space for the next journal file")
+        j._open_new_file = no_space  # type: ignore[method-assign]
+        syncer.complete_one()
+        assert sink.durable_items == [0]
+        assert sink.failed_items == [1] and sink.failed[0][1].errno == errno.ENOSPC
+        j.append(REC_ADD, 1, 2, b"x", item=2)
+        assert sink.failed_items == [1, 2]
+
+    run(main)
+
+
 class FailingSyncer:
     """A journal device that fails every sync: done(OSError(EIO)), now or on the next loop turn."""
 

@@ -53,7 +53,9 @@ async def _run(ensemble: int, write_quorum: int, ack_quorum: int, size: int, sec
     for b in ids:
         conn = bk.pool.connection_to(b, 3181)
         protocol = _ShardProtocol(conn)
-        conn.attach(_EchoTransport(protocol))
+        transport = _EchoTransport(protocol)
+        protocol.connection_made(transport)
+        conn.attach(transport)
     md = LedgerMetadata(ledger_id=1, ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
                         digest=DigestType.CRC32C, password_digest=password_digest(b""), ensembles={0: ids})
     lat = histogram()

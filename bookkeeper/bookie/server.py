@@ -186,6 +186,7 @@ class ShardServer:
                     (resp[0], Status.SERVER_ERROR, resp[2], resp[3], resp[4], -1, b""))
         for conn, responses in per_conn.items():
             conn.send_now(responses)
+        self.release_backpressure()  # paused senders get their errors, not a stall
 
     # -- dispatch --------------------------------------------------------------
     def dispatch(self, conn: BookieProtocol, frame: tuple) -> None:

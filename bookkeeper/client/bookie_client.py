@@ -34,10 +34,18 @@ class _ShardProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
+    def _current(self) -> bool:
+        """Whether this transport is still the connection's: one it gave up on (a bad frame)
+        may report late, and must not touch the pipe the next transport now feeds."""
+        return self.transport is not None and self.conn._transport is self.transport
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn._lost(exc)
+        if self._current():
+            self.conn._lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if not self._current():
+            return
         try:
             self.conn.pipe.feed(data)
         except FrameError as e:
@@ -81,6 +89,9 @@ class ShardConnection:
         """Use this transport (connected, its protocol a _ShardProtocol of this connection) and
         send what waited for it. `bk bench client` attaches an in-process echo this way."""
         self._transport = transport
+        if transport.is_closing():  # lost before it was attached: its connection_lost was ignored
+            self._lost(None)
+            return
         self.pipe.connected = True
         self._flush()
 

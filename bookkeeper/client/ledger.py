@@ -309,7 +309,7 @@ class WriteHandle(ReadHandle):
         self._room: asyncio.Future[None] | None = None
         self._segment_md: LedgerMetadata | None = None  # what _segment was built from
         self._segment_epoch = -1
-        self._segment: tuple[list[str], list[ShardConnection | None]] = ([], [])
+        self._segment: tuple[int, list[str], list[ShardConnection | None]] = (0, [], [])
         self._add_callback = self._on_add_response  # one bound method, not one per send
 
     @property
@@ -352,7 +352,12 @@ class WriteHandle(ReadHandle):
         piggyback = self._lac_floor if self._recovery else self._tracker.lac
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
         fut: asyncio.Future[int] = self._loop.create_future()
-        ensemble, conns = self._current_segment()
+        first, ensemble, conns = self._current_segment()
+        if entry_id < first:  # a recovery rewrite below the fenced writer's last segment
+            ensemble = self.metadata.ensemble_for(entry_id)
+            for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
+                self._send_add(entry_id, idx, ensemble[idx], payload)
+            return fut
         timeout_s = self._bk.config.add_timeout_s
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
             conn = conns[idx]
@@ -363,22 +368,24 @@ class WriteHandle(ReadHandle):
                 conn.ensure_connecting()
         return fut
 
-    def _current_segment(self) -> tuple[list[str], list[ShardConnection | None]]:
-        """The last segment's ensemble and each slot's shard connection (None: unroutable).
+    def _current_segment(self) -> tuple[int, list[str], list[ShardConnection | None]]:
+        """The last segment's first entry, its ensemble and each slot's shard connection
+        (None: unroutable), cached until the metadata or the pool's routes change.
 
-        New entries always belong to the last segment (a new one starts at LAC + 1), so
-        this is cached until the metadata or the pool's routes change.
+        A writer's new entries belong to the last segment (a new one starts at LAC + 1); a
+        recovery handle's rewrites may fall below it, into the fenced writer's segments.
         """
         md, epoch = self.metadata, self._bk.pool.routes_epoch
         if md is not self._segment_md or epoch != self._segment_epoch:
-            ensemble = md.last_ensemble
+            first = max(md.ensembles)
+            ensemble = md.ensembles[first]
             conns: list[ShardConnection | None] = []
             for bookie in ensemble:
                 try:
                     conns.append(self._bk.pool.connection(bookie, self.ledger_id))
                 except BKError:
                     conns.append(None)
-            self._segment_md, self._segment_epoch, self._segment = md, epoch, (ensemble, conns)
+            self._segment_md, self._segment_epoch, self._segment = md, epoch, (first, ensemble, conns)
         return self._segment
 
     async def add_entry(self, data: bytes) -> int:

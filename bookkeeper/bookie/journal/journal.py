@@ -266,7 +266,11 @@ class Journal:
         block = batch.seal(self._seq)
         self._seq += 1
         if self._pos + len(block) > self._allocated and self._pos > BLOCK_ALIGN:
-            self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
+            try:
+                self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
+            except OSError as e:  # e.g. ENOSPC: this batch can never be durable; neither can later ones
+                self._fail(e, items)
+                return
         if self._pos + len(block) > self._allocated:  # a block larger than a whole file
             try:
                 os.posix_fallocate(self._fd, self._allocated, self._pos + len(block) - self._allocated)
@@ -289,23 +293,31 @@ class Journal:
             self._free_buffer = self._inflight_batch.buffer
             self._inflight_batch = None
         if err is not None:
-            log.error("journal sync failed, shard stops accepting writes: %s", err)
-            self._failed = JournalFailedError(err.errno or 5, str(err))
-            self.on_failed(items, self._failed)
-            self.on_failed(self._batch_items, self._failed)
-            self._batch, self._batch_items = JournalBatch(), []
+            self._fail(err, items)
         else:
-            if self._pos >= self.file_max_bytes:
-                self._open_new_file()  # roll while nothing is in flight
-            # The next batch goes to the device first, then this one is answered: encoding
-            # and sending responses overlaps the next sync instead of delaying it.
-            self._maybe_flush()
-            self.on_durable(items)
+            try:
+                if self._pos >= self.file_max_bytes:
+                    self._open_new_file()  # roll while nothing is in flight
+                # The next batch goes to the device first, then this one is answered: encoding
+                # and sending responses overlaps the next sync instead of delaying it.
+                self._maybe_flush()
+            except OSError as e:  # a failed roll: what is queued fails, what is durable is still answered
+                self._fail(e, [])
+            finally:
+                self.on_durable(items)
         if self._inflight_items is None and not self._batch.count:
             for w in self._idle_waiters:
                 if not w.done():
                     w.set_result(None)
             self._idle_waiters.clear()
+
+    def _fail(self, err: OSError, items: list[Any]) -> None:
+        """The journal can make nothing durable any more: fail items and the queued batch."""
+        log.error("journal failed, shard stops accepting writes: %s", err)
+        self._failed = JournalFailedError(err.errno or 5, str(err))
+        self.on_failed(items, self._failed)
+        self.on_failed(self._batch_items, self._failed)
+        self._batch, self._batch_items = JournalBatch(), []
 
     async def drain(self) -> None:
         """Wait until every appended record is durable (or failed)."""
