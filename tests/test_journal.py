@@ -38,6 +38,7 @@ from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.journal.journal import FILE_VERSION, JournalFailedError
 from bookkeeper.bookie.journal.policy import FlushReason, flush_reason
 from bookkeeper.bookie.journal.syncer import ThreadSyncer, UringSyncer
+from bookkeeper.testing.syncers import ManualSyncer
 
 U64_MAX = 2**64 - 1
 RECORD_HEADER = 21
@@ -649,27 +650,6 @@ def test_journal_full_batch_flushes_without_waiting(tmp_path: Path) -> None:
         syncer.close()
 
     run(main)
-
-
-class ManualSyncer:
-    """A journal device whose syncs complete only when the test says so (writes really happen)."""
-
-    kind = "manual"
-
-    def __init__(self) -> None:
-        self.pending: list[Callable[[OSError | None], None]] = []
-        self.submits = 0
-
-    def submit(self, fd: int, buf: Any, offset: int, done: Callable[[OSError | None], None]) -> None:
-        os.pwrite(fd, buf, offset)
-        self.submits += 1
-        self.pending.append(done)
-
-    def complete_one(self) -> None:
-        self.pending.pop(0)(None)
-
-    def close(self) -> None:
-        pass
 
 
 def test_journal_batch_behind_a_sync_is_bounded_by_entries_and_reports_full(tmp_path: Path) -> None:

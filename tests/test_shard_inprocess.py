@@ -5,8 +5,6 @@ write_cache_max_bytes, docs/journal.md) and when parked long polls are answered.
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +17,9 @@ from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.client.digest import DigestManager, master_key
 from bookkeeper.meta.ledger_metadata import DigestType
 from bookkeeper.proto import Flag, Op, Status, encode_request, parse_responses
+from bookkeeper.testing.syncers import ManualSyncer
 
 KEY = master_key(b"bp")
-
-
-class HeldSyncer:
-    """Writes for real; each sync completes only when the test releases it."""
-
-    kind = "held"
-
-    def __init__(self) -> None:
-        self.pending: list[Callable[[OSError | None], None]] = []
-
-    def submit(self, fd: int, buf: Any, offset: int, done: Callable[[OSError | None], None]) -> None:
-        os.pwrite(fd, buf, offset)
-        self.pending.append(done)
-
-    def release_all(self) -> None:
-        while self.pending:
-            self.pending.pop(0)(None)
-
-    def close(self) -> None:
-        pass
 
 
 class Socket(asyncio.Transport):
@@ -81,12 +60,12 @@ def adds(ledger_id: int, first: int, n: int, size: int) -> bytes:
                     for e in range(first, first + n))
 
 
-def shard(tmp: Path, **server_kw: Any) -> tuple[ShardServer, Journal, HeldSyncer, BookieProtocol, Socket]:
+def shard(tmp: Path, **server_kw: Any) -> tuple[ShardServer, Journal, ManualSyncer, BookieProtocol, Socket]:
     loop = asyncio.get_running_loop()
     storage = LedgerStorage(tmp / "ledgers")
     server = ShardServer(storage=storage, shard_index=0, shards=1, max_frame_bytes=5 << 20, readonly=False,
                          data_dir=str(tmp), **server_kw)
-    syncer = HeldSyncer()
+    syncer = ManualSyncer()
     journal = Journal(tmp / "journal", syncer=syncer, loop=loop, on_durable=server.on_durable,
                       on_failed=server.on_failed, preallocate_bytes=1 << 20, batch_entries_max=50)
     journal.start()

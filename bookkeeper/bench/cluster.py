@@ -68,8 +68,11 @@ class _HandleAdds:
     def send(self, data: bytes, t: float) -> None:
         on_done = self.on_done
         assert on_done is not None
-        self.lh.add_entry_async(data).add_done_callback(
-            lambda f: on_done(t, -1, f.exception()) if f.exception() else on_done(t, f.result(), None))
+
+        def settled(f: asyncio.Future) -> None:
+            err = f.exception()
+            on_done(t, -1 if err else f.result(), err)
+        self.lh.add_entry_async(data).add_done_callback(settled)
 
 
 class _RawAdds:
