@@ -1,13 +1,23 @@
 # The two commands of the README. Both install what is missing, idempotently:
-# Debian's zookeeper and a JRE, a venv with the pinned packages (requirements.txt),
-# and the Cython extensions built in place.
+# Debian's zookeeper, a JRE and supervisor, a venv with the exact versions of
+# requirements.txt, and the package itself (editable), whose Cython extensions are
+# built once here and again only when their sources change.
+#   make test PYTHON=python3.13     the same on another interpreter, in .venv-python3.13
 SHELL := /bin/bash
-VENV ?= .venv
+PYTHON ?= python3
+VENV ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(notdir $(PYTHON)))
 PY := $(VENV)/bin/python
+# The interpreter's real path; a pyenv shim for a version that is installed but not
+# selected (python3.13 here) is resolved through pyenv.
+PYTHON_EXE := $(shell p=$(PYTHON); if $$p -c '' 2>/dev/null; then $$p -c 'import sys; print(sys.executable)'; \
+	elif command -v pyenv >/dev/null; then v=$$(pyenv versions --bare | grep -x "$${p:6}[.0-9]*" | tail -1); \
+	[ -n "$$v" ] && PYENV_VERSION=$$v pyenv which $$p; fi)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
+LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
 
-.PHONY: run test setup system-deps venv build clean
+.PHONY: run test loadtest setup system-deps venv build clean
 
 run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
@@ -18,24 +28,27 @@ test: setup
 setup: system-deps venv build
 
 system-deps:
-	@if ! dpkg -s zookeeper >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then \
-		echo "installing zookeeper and a JRE (apt)"; \
+	@if ! dpkg -s zookeeper supervisor >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then \
+		echo "installing zookeeper, a JRE and supervisor (apt)"; \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper default-jre-headless >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+			zookeeper default-jre-headless supervisor >/dev/null; \
 	fi
 
 $(VENV)/.stamp-deps: requirements.txt
-	@command -v python3 >/dev/null || { echo "python3 is required"; exit 1; }
-	python3 -m venv $(VENV)
+	@[ -n "$(PYTHON_EXE)" ] || { echo "$(PYTHON) is required"; exit 1; }
+	$(PYTHON_EXE) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
 venv: $(VENV)/.stamp-deps
 
-build: venv
+$(VENV)/.stamp-build: $(VENV)/.stamp-deps pyproject.toml setup.py $(EXT_SOURCES)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+build: $(VENV)/.stamp-build
 
 clean:
-	rm -rf build bookkeeper/_ext/*.so ext/bookkeeper/_ext/*.c *.egg-info
+	rm -rf build bookkeeper/_ext/*.so ext/bookkeeper/_ext/*.c *.egg-info .venv*/.stamp-build

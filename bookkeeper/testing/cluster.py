@@ -12,13 +12,13 @@ import random
 import socket
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 
+from bookkeeper.procs import module_command
 from bookkeeper.testing.zookeeper import ZooKeeperServer
 
 BOOKIE_START_TIMEOUT_S = 60.0
@@ -105,8 +105,8 @@ class LocalBookie:
     def start(self) -> None:
         self.write_conf()
         log = open(self.dir / "bookie.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", "-v", "bookie", "--conf",
-                                      str(self.conf_path)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        self.proc = subprocess.Popen(module_command("bookkeeper.cli.main", "-v", "bookie", "--conf",
+                                                     str(self.conf_path)), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True, env={**os.environ, "BK_PARENT_PID": str(os.getpid())})
         log.close()
 
