@@ -261,3 +261,22 @@ def test_failed_checkpoint_keeps_its_entries(tmp_path) -> None:
     st.flush_done(snap2)
     assert st.write_cache == {} and [st.get_entry(7, e) for e in range(11)] == [b"entry-%d" % e for e in range(11)]
     st.close()
+
+
+def test_io_uring_that_kills_its_process_falls_back_to_thread_syncer(make_cluster, tmp_path, monkeypatch) -> None:
+    """A liburing that dies with SIGILL on import (the 2026.x wheels on CPUs without AVX-512)
+    costs one logged line: the bookie starts on the thread syncer and serves adds."""
+    fake = tmp_path / "fake-liburing" / "liburing"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    cluster: LocalCluster = make_cluster(bookies=1, shards=2)
+    monkeypatch.delenv("PYTHONPATH")
+    log = cluster.bookies[0].log_tail(200)
+    fallbacks = [line for line in log.splitlines() if "io_uring unavailable" in line]
+    assert len(fallbacks) == 1 and "SIGILL" in fallbacks[0], log
+    assert log.count("journal sync: thread") == 2, log
+    proc = subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "--metadata-uri", cluster.metadata_uri,
+                           "simpletest", "-e", "1", "-w", "1", "-a", "1", "-n", "20"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

@@ -14,6 +14,7 @@ predecessor is taken over. A shard that dies is restarted on the same port.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -21,16 +22,17 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from bookkeeper.bookie.journal.syncer import probe_io_uring
 from bookkeeper.config import BookieConfig
 from bookkeeper.errors import BKError, CookieMismatchError
 from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.procs import module_command
 
 log = logging.getLogger("bookkeeper.supervisor")
 COOKIE_FILE = "COOKIE"
@@ -108,8 +110,8 @@ class Supervisor:
         self.store: ZkMetadataStore | None = None
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "bookkeeper.bookie.shard", "--index", str(index),
-               "--parent-pid", str(os.getpid()), "--config-json", json.dumps(self.cfg.to_dict())]
+        cmd = module_command("bookkeeper.bookie.shard", "--index", str(index), "--parent-pid", str(os.getpid()),
+                             "--config-json", json.dumps(self.cfg.to_dict()))
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
 
     def _wait_ready(self, index: int) -> None:
@@ -141,6 +143,7 @@ class Supervisor:
         self.store = ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
         try:
             check_cookies(cfg, self.store)
+            self._choose_syncer()
             for i in range(cfg.shards):
                 self.procs[i] = self._spawn(i)
             for i in range(cfg.shards):
@@ -159,6 +162,16 @@ class Supervisor:
             self._shutdown()
             for fd in locks:
                 os.close(fd)
+
+    def _choose_syncer(self) -> None:
+        """io_uring only where a child process could use it: otherwise every shard gets the
+        thread syncer, said once here (not once per shard, nor as a crashing shard)."""
+        if self.cfg.journal_sync != "io_uring":
+            return
+        reason = probe_io_uring(self.cfg.journal_dir)
+        if reason is not None:
+            log.warning("io_uring unavailable (%s): journal falls back to thread-based fdatasync", reason)
+            self.cfg = dataclasses.replace(self.cfg, journal_sync="thread")
 
     def _on_zk_state(self, state: str) -> None:
         if state == "CONNECTED" and self.store is not None and not self._stop.is_set():

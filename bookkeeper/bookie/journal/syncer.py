@@ -8,7 +8,10 @@ eventfd registered with the ring, which the event loop watches: no thread is
 involved. errno from a CQE becomes OSError here and nowhere else.
 
 python-liburing 2024.5.3 (the Cython build) is used: the 2026.x Zig wheels crash
-with SIGILL on CPUs without AVX-512 (see requirements.txt).
+with SIGILL on CPUs without AVX-512 (see pyproject.toml). A crash like that cannot be
+caught in-process, so the supervisor first runs one real write + fdatasync through
+io_uring in a child process (`probe_io_uring`) and, if the child fails or dies,
+starts its shards on the thread syncer, logging one line.
 """
 from __future__ import annotations
 
@@ -17,8 +20,13 @@ import concurrent.futures
 import errno
 import logging
 import os
+import signal
+import subprocess
+import tempfile
 from collections.abc import Callable
 from typing import Protocol
+
+from bookkeeper.procs import python_command
 
 log = logging.getLogger(__name__)
 
@@ -149,3 +157,39 @@ def make_syncer(kind: str, loop: asyncio.AbstractEventLoop) -> Syncer:
     except (ImportError, OSError) as e:
         log.warning("io_uring unavailable (%s): journal falls back to thread-based fdatasync", e)
         return ThreadSyncer(loop)
+
+
+def uring_self_test(directory: str) -> None:
+    """One block written and fdatasync'ed through a UringSyncer on a fresh loop; raises if it fails."""
+    loop = asyncio.new_event_loop()
+    try:
+        syncer = UringSyncer(loop)
+        done: asyncio.Future[OSError | None] = loop.create_future()
+        with tempfile.TemporaryFile(dir=directory) as f:
+            syncer.submit(f.fileno(), bytes(4096), 0, done.set_result)
+            err = loop.run_until_complete(asyncio.wait_for(done, 10))
+        syncer.close()
+        if err is not None:
+            raise err
+    finally:
+        loop.close()
+
+
+def probe_io_uring(directory: str, timeout_s: float = 30.0) -> str | None:
+    """Run `uring_self_test` in a child process: None if io_uring works here, else why not.
+
+    In a child because the failure that matters most (SIGILL inside the library) kills
+    the process that meets it.
+    """
+    code = f"from bookkeeper.bookie.journal.syncer import uring_self_test; uring_self_test({directory!r})"
+    try:
+        proc = subprocess.run(python_command("-c", code), stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"self-test did not finish within {timeout_s:.0f}s"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        return f"self-test killed by {signal.Signals(-proc.returncode).name}"
+    lines = proc.stderr.decode(errors="replace").strip().splitlines()
+    return f"self-test failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
