@@ -219,7 +219,8 @@ class BookieClientPool:
 
 
 class BookieHealth:
-    """Which bookies erred or timed out lately: reads try them last for a while (client loop only)."""
+    """Which bookies erred or timed out lately, each for `penalty_s` after its last error
+    (client loop only): reads try them last, placement avoids them."""
 
     def __init__(self, penalty_s: float) -> None:
         self.penalty_s = penalty_s
@@ -236,6 +237,13 @@ class BookieHealth:
             del self._until[bookie_id]
             return False
         return True
+
+    def current(self) -> set[str]:
+        """The bookies penalized now (expired ones are forgotten)."""
+        now = time.monotonic()
+        for b in [b for b, until in self._until.items() if until < now]:
+            del self._until[b]
+        return set(self._until)
 
     def order(self, replicas: list[str]) -> list[str]:
         """Replicas in write-set order, penalized ones moved last (stable)."""

@@ -39,6 +39,7 @@ class BookKeeper:
         self.pool = BookieClientPool(self._resolve, timeout_s=max(self.config.add_timeout_s,
                                                                   self.config.read_timeout_s))
         self.health = BookieHealth(self.config.slow_bookie_penalty_s)
+        self.quarantine = BookieHealth(self.config.bookie_quarantine_s)
         self.stats: dict[str, int] = defaultdict(int)
         self._rng = random.Random(seed)
         self._bookies: dict[str, dict[str, Any]] = {}
@@ -101,8 +102,10 @@ class BookKeeper:
     def _place(self, ensemble: int, write_quorum: int) -> list[str]:
         """A new ensemble under the placement policy; says so (or refuses) when racks are too few."""
         rack_aware = self.config.placement == "rack_aware"
-        p = choose_ensemble(self._racks(self._writable), ensemble_size=ensemble, write_quorum=write_quorum,
-                            rng=self._rng, rack_aware=rack_aware)
+        quarantined = self.quarantine.current()
+        healthy = [b for b in self._writable if b not in quarantined]
+        p = choose_ensemble(self._racks(healthy if len(healthy) >= ensemble else self._writable),
+                            ensemble_size=ensemble, write_quorum=write_quorum, rng=self._rng, rack_aware=rack_aware)
         if rack_aware and not p.rack_aware:
             if self.config.placement_strict:
                 raise NotEnoughBookiesError(f"placement: {p.reason}")
@@ -113,14 +116,25 @@ class BookKeeper:
 
     async def replacement_ensemble(self, md: LedgerMetadata, base: list[str], slots: list[int],
                                    exclude: set[str]) -> list[str]:
-        """`base` with each failed slot replaced, keeping the placement rule where possible."""
+        """`base` with each failed slot replaced, keeping the placement rule where possible.
+
+        `exclude` (the bookies being replaced) is never picked; quarantined bookies (failed
+        on some handle of this client within bookie_quarantine_s) only when nothing else is
+        left, as Apache BookKeeper does: a long-lived writer never runs out of replacements
+        while bookies that failed once are back and healthy.
+        """
         await self.refresh_bookies()
         ensemble = list(base)
         racks = self._racks(self._writable)
+        avoid = exclude | self.quarantine.current()
+        rack_aware = self.config.placement == "rack_aware"
         for slot in slots:
             bookie, kept = choose_replacement(ensemble, slot, racks, write_quorum=md.write_quorum,
-                                              exclude=exclude, rng=self._rng,
-                                              rack_aware=self.config.placement == "rack_aware")
+                                              exclude=avoid, rng=self._rng, rack_aware=rack_aware)
+            if bookie is None and avoid != exclude:
+                bookie, kept = choose_replacement(ensemble, slot, racks, write_quorum=md.write_quorum,
+                                                  exclude=exclude, rng=self._rng, rack_aware=rack_aware)
+                self.stats["quarantine_overridden"] += bookie is not None
             if bookie is None:
                 raise NotEnoughBookiesError(f"no writable bookie left to replace {ensemble[slot]}")
             if self.config.placement == "rack_aware" and not kept:

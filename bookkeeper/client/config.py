@@ -17,6 +17,8 @@ class ClientConfig:
     read_timeout_s: float = 10.0            # per request; the read then tries another replica
     speculative_read_timeout_ms: int = 100  # ask the next replica if the first is this slow
     slow_bookie_penalty_s: float = 30.0     # a bookie that erred or timed out is tried last this long
+    bookie_quarantine_s: float = 1800.0     # ... and is not picked for new ensembles this long, unless
+                                            # nothing else is left (bookieQuarantineTimeSeconds)
     max_outstanding_adds: int = 20_000      # per ledger: add_entry waits, add_entry_async refuses
     read_window: int = 512                  # entries in flight per range read
     long_poll_timeout_ms: int = 2_000       # tail: how long a bookie holds a long-poll read
@@ -25,7 +27,7 @@ class ClientConfig:
     zk_session_timeout_ms: int = 10_000
 
     def validate(self) -> ClientConfig:
-        for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s"):
+        for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.speculative_read_timeout_ms < 0:

@@ -421,6 +421,7 @@ class WriteHandle(ReadHandle):
         elif err.retriable:
             self._tracker.fail(entry_id, idx)
             self._bk.health.penalize(bookie)
+            self._bk.quarantine.penalize(bookie)
             if bookie not in self._failed_bookies:
                 log.info("ledger %d: bookie %s failed on entry %d (%s): replacing it", self.ledger_id, bookie,
                          entry_id, err)
@@ -447,6 +448,10 @@ class WriteHandle(ReadHandle):
             start = self._tracker.lac + 1
             if not any(b in self._failed_bookies for e in self._tracker.pending_ids()
                        for b in self._tracker.sent_to(e)):
+                # Replaced: no outstanding entry waits on a failed bookie any more. Forget them
+                # here (the client's quarantine still keeps them out of new placements for a
+                # while), or a handle that lives through many restarts runs out of bookies.
+                self._failed_bookies.clear()
                 return
             base = md.ensemble_for(start)
             slots = [i for i, b in enumerate(base) if b in self._failed_bookies]
