@@ -351,3 +351,27 @@ def test_a_mistyped_metadata_root_is_an_error_not_an_empty_cluster(cluster5: Loc
     finally:
         zk.stop()
         zk.close()
+
+
+def test_bookies_can_stop_refuses_while_an_open_ledger_would_have_no_replacement(make_cluster) -> None:
+    """`bk bookies can-stop` (rolling restarts): with 2 bookies, stopping one is fine until a
+    ledger with ensemble 2 is open (its writer would have no replacement), and fine again once
+    it is closed; the refusal is one line naming both counts."""
+    cluster: LocalCluster = make_cluster(bookies=2, shards=1)
+    victim = cluster.bookies[0].bookie_id
+    r = bk("bookies", "can-stop", victim, "--json", uri=cluster.metadata_uri)
+    assert_ok(r)
+    assert json.loads(r.out) == {"bookie_id": victim, "can_stop": True, "reason": None, "other_writable": 1,
+                                 "largest_open_ensemble": 0}
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as client:
+            lh = await client.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2)
+            await lh.add_entry(b"x")
+            line = assert_one_line_error(bk("bookies", "can-stop", victim, uri=cluster.metadata_uri),
+                                         mentions="2 needed")
+            assert "1 other writable" in line, line
+            await lh.close()
+            assert_ok(bk("bookies", "can-stop", victim, uri=cluster.metadata_uri))
+            assert_one_line_error(bk("bookies", "can-stop", victim, "--min-writable", "2", uri=cluster.metadata_uri))
+    run(main())

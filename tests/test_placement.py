@@ -10,7 +10,8 @@ import random
 import pytest
 
 from bookkeeper import BookKeeper, errors
-from bookkeeper.client.core.placement import choose_ensemble, choose_replacement, write_sets_rack_distinct
+from bookkeeper.client.core.placement import (choose_ensemble, choose_replacement, stop_refusal,
+                                              write_sets_rack_distinct)
 from tests.conftest import run
 
 
@@ -100,3 +101,16 @@ def test_rack_aware_placement_on_a_real_cluster(make_cluster) -> None:
             assert lenient.stats["placement_degraded"] == 1
             await lh.close()
     run(main())
+
+
+@pytest.mark.parametrize(("writable", "largest", "minimum", "ok"), [
+    ({"a", "b", "c"}, 2, 1, True),    # two others left for an ensemble of 2
+    ({"a", "b", "c"}, 3, 1, False),   # an ensemble of 3 would have no replacement
+    ({"b", "c", "d"}, 3, 1, True),    # the bookie is not writable (read-only or gone): three others
+    ({"a"}, 0, 1, False),             # no ledger open, but nothing would be left
+    ({"a", "b"}, 0, 2, False),        # the operator's minimum
+])
+def test_stop_refusal_counts_writable_bookies_other_than_the_stopped_one(writable, largest, minimum, ok) -> None:
+    """Rolling restarts: a bookie may stop while the others can host the largest open ensemble."""
+    reason = stop_refusal("a", writable, largest_open_ensemble=largest, min_writable=minimum)
+    assert (reason is None) == ok, reason

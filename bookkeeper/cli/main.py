@@ -76,6 +76,42 @@ async def cmd_bookies_list(bk: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+@_with_client
+async def cmd_bookies_can_stop(bk: Any, args: argparse.Namespace) -> int:
+    """Exit 0 if stopping the bookie leaves every open ledger's writer a replacement, else 1.
+
+    Reads the metadata of every ledger (one ZooKeeper read each): an operator's check
+    before a restart, not something to run in a loop.
+    """
+    from bookkeeper.client.core.placement import stop_refusal
+    from bookkeeper.errors import NoSuchLedgerError
+
+    writable = set(await bk._run(bk.store.get_bookies))
+    ids = [lid async for lid in bk.list_ledgers()]
+    largest = 0
+    for start in range(0, len(ids), 64):
+        mds = await asyncio.gather(*(bk.ledger_metadata(lid) for lid in ids[start:start + 64]),
+                                   return_exceptions=True)
+        for md in mds:
+            if isinstance(md, NoSuchLedgerError):
+                continue  # deleted meanwhile
+            if isinstance(md, BaseException):
+                raise md
+            if not md.is_closed:
+                largest = max(largest, md.ensemble_size)
+    reason = stop_refusal(args.bookie_id, writable, largest_open_ensemble=largest, min_writable=args.min_writable)
+    if args.json:
+        print(json.dumps({"bookie_id": args.bookie_id, "can_stop": reason is None, "reason": reason,
+                          "other_writable": len(writable - {args.bookie_id}), "largest_open_ensemble": largest}))
+    elif reason is None:
+        print(f"{args.bookie_id} can stop: {len(writable - {args.bookie_id})} other writable bookie(s), "
+              f"largest open ensemble {largest}")
+    if reason is not None:
+        _error_line(f"bk: {reason}")
+        return 1
+    return 0
+
+
 # -- ledgers ---------------------------------------------------------------------
 @_with_client
 async def cmd_ledgers_list(bk: Any, args: argparse.Namespace) -> int:
@@ -330,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--readonly", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bookies_list)
+    s = bsub.add_parser("can-stop", parents=[common],
+                        help="exit 0 if stopping BOOKIE_ID leaves every open ledger a replacement bookie")
+    s.add_argument("bookie_id")
+    s.add_argument("--min-writable", type=int, default=1, help="other writable bookies needed at least")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_bookies_can_stop)
 
     s = sub.add_parser("ledgers", parents=[common], help="ledger listing")
     lsub = s.add_subparsers(dest="ledgers_cmd", required=True)

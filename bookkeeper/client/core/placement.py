@@ -73,3 +73,20 @@ def choose_replacement(ensemble: Sequence[str], slot: int, candidates: Mapping[s
         if good:
             return rng.choice(good), True
     return rng.choice(pool), False
+
+
+def stop_refusal(bookie_id: str, writable: set[str], *, largest_open_ensemble: int,
+                 min_writable: int = 1) -> str | None:
+    """Why stopping `bookie_id` now would strand a writer (None: it would not).
+
+    Every writer whose ensemble holds the stopped bookie needs a writable replacement
+    outside its ensemble: that exists for all of them only while the other writable
+    bookies number at least the largest ensemble of an open ledger. Used before a
+    rolling restart stops a bookie.
+    """
+    others = len(writable - {bookie_id})
+    need = max(largest_open_ensemble, min_writable)
+    if others >= need:
+        return None
+    return (f"stopping {bookie_id} would leave {others} other writable bookie(s); "
+            f"{need} needed (largest open ensemble {largest_open_ensemble}, minimum {min_writable})")
