@@ -825,7 +825,8 @@ def test_journal_sync_failure_fails_items_and_later_appends(tmp_path: Path, defe
         j.start()
         for i in range(5):
             j.append(REC_ADD, 1, i, b"d", item=i)
-        await asyncio.wait_for(j.drain(), 5)  # resolves after the failure callbacks ran
+        async with asyncio.timeout(5):  # drain awaited in this task, before the deferred flush runs
+            await j.drain()  # resolves after the failure callbacks ran
         assert sorted(sink.failed_items) == [0, 1, 2, 3, 4]
         calls = syncer.calls
         j.append(REC_ADD, 1, 5, b"d", item=5)

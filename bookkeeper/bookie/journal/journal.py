@@ -305,6 +305,10 @@ class Journal:
                 self._fail(e, [])
             finally:
                 self.on_durable(items)
+        self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        """Resolve drain() waiters once nothing is in flight or queued."""
         if self._inflight_items is None and not self._batch.count:
             for w in self._idle_waiters:
                 if not w.done():
@@ -318,15 +322,18 @@ class Journal:
         self.on_failed(items, self._failed)
         self.on_failed(self._batch_items, self._failed)
         self._batch, self._batch_items = JournalBatch(), []
+        self._wake_idle()  # a failed roll in _flush leaves nothing in flight: nobody else would
 
     async def drain(self) -> None:
         """Wait until every appended record is durable (or failed)."""
         if self._inflight_items is None and not self._batch.count:
             return
-        if self._batch.count and self._inflight_items is None:
-            self._flush()
+        # Waiter first: the flush may complete at once (a syncer that fails synchronously, a
+        # failed roll) and wakes only the waiters registered by then.
         fut = self.loop.create_future()
         self._idle_waiters.append(fut)
+        if self._batch.count and self._inflight_items is None:
+            self._flush()
         await fut
 
     def close(self) -> None:
