@@ -7,6 +7,9 @@ with `make_cluster` and it is stopped (by pid) when the test ends.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +20,7 @@ import uvloop
 from bookkeeper.testing.cluster import LocalCluster
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -47,6 +51,19 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for c in made:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once per session as a user would (`pip wheel .`: pip's isolated
+    build environment gets setuptools and Cython from pyproject.toml), reproducibly
+    (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+                   check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+                   stdin=subprocess.DEVNULL)
+    (wheel,) = out.glob("bookkeeper_py-*.whl")
+    return wheel
 
 
 @pytest.fixture
