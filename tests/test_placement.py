@@ -114,3 +114,23 @@ def test_stop_refusal_counts_writable_bookies_other_than_the_stopped_one(writabl
     """Rolling restarts: a bookie may stop while the others can host the largest open ensemble."""
     reason = stop_refusal("a", writable, largest_open_ensemble=largest, min_writable=minimum)
     assert (reason is None) == ok, reason
+
+
+def test_new_ensembles_avoid_quarantined_bookies_unless_too_few_are_left(cluster5) -> None:
+    """A bookie quarantined by the client (it failed an add) is left out of new ensembles while
+    enough others are writable, and used when they are not (Apache BookKeeper's quarantine)."""
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri, seed=9) as bk:
+            ids = sorted(await bk.refresh_bookies())
+            for b in ids[:2]:
+                bk.quarantine.penalize(b)
+            for _ in range(10):
+                lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+                assert sorted(lh.metadata.ensembles[0]) == ids[2:], lh.metadata.ensembles
+                await bk.delete_ledger(lh.ledger_id)
+            bk.quarantine.penalize(ids[2])  # two healthy bookies left for an ensemble of 3
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            assert len(set(lh.metadata.ensembles[0])) == 3
+            await bk.delete_ledger(lh.ledger_id)
+    run(main())
