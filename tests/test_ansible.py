@@ -1,0 +1,334 @@
+"""The Ansible deployment (ansible/), run for real: ansible-lint, the systemd units, and
+`inventory/local.ini` deploying ZooKeeper + 3 bookies on this machine.
+
+Reference: API.md section 9 and issue 9 item 2. The deployment tests share one
+deployment (module fixture), in the order of this file: site.yml deploys and
+`bk simpletest` passes; a second site.yml changes nothing; rolling_restart.yml runs
+under a writer that sees no error; one bookie's changed variable restarts only that
+bookie. teardown.yml -e purge=true stops everything, checked by pid.
+
+Hosts without systemd (containers, CI) run the services under a private supervisord
+in the test's directory, chosen automatically. Where systemd runs, the tests ask for
+supervisor explicitly, so that they never install units into the host's systemd.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+import bookkeeper.sync
+from bookkeeper import DigestType
+from bookkeeper.config import BookieConfig
+from bookkeeper.testing.cluster import children_of, free_port_block
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ANSIBLE_DIR = REPO / "ansible"
+VENV_BIN = Path(sys.executable).parent
+PLAYBOOK_TIMEOUT_S = 240
+BOOKIES = ("bookie1", "bookie2", "bookie3")
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def _tool(name: str) -> str:
+    path = VENV_BIN / name
+    assert path.exists(), f"{path} is missing: pip install -r requirements.txt (ansible-core, ansible-lint)"
+    return str(path)
+
+
+def _ansible_env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "true", "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_RETRY_FILES_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def test_ansible_lint_production_profile_is_clean() -> None:
+    """ansible-lint with the production profile (ansible/.ansible-lint) finds nothing."""
+    lint = subprocess.run([_tool("ansible-lint")], cwd=ANSIBLE_DIR, capture_output=True, text=True,
+                          timeout=300, env=_ansible_env(), stdin=subprocess.DEVNULL)
+    assert lint.returncode == 0, lint.stdout[-5000:] + lint.stderr[-5000:]
+    assert "Profile 'production' was required, and it passed" in lint.stdout + lint.stderr
+
+
+def test_every_bookie_config_key_has_a_role_variable() -> None:
+    """Every key of the bookie's config (README's table, `BookieConfig`) is written by the role's
+    bookie.toml template (vars/main.yml `bookie_config`, with its TOML type) from a variable
+    `bookie_<key>` of defaults/main.yml (`bookie_id` for the key `bookie_id`)."""
+    role = ANSIBLE_DIR / "roles" / "bookie"
+    role_vars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    keys = {f.name for f in fields(BookieConfig)}
+    assert set(role_vars["bookie_config"]) == keys
+    assert set(role_vars["bookie_config_types"]) == keys
+    missing = [key for key in keys if (key if key == "bookie_id" else f"bookie_{key}") not in defaults]
+    assert not missing, missing
+
+
+def test_systemd_units_verify(tmp_path: Path) -> None:
+    """The zookeeper and bookie units, rendered from the roles' templates and defaults, pass
+    `systemd-analyze verify` without a word (it also checks that ExecStart exists)."""
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing (Debian package systemd)"
+    bk = tmp_path / "opt" / "venv" / "bin" / "bk"
+    bk.parent.mkdir(parents=True)
+    bk.write_text("#!/bin/sh\nexit 0\n")
+    bk.chmod(0o755)
+    (tmp_path / "zookeeper").mkdir()
+    roles = ANSIBLE_DIR / "roles"
+    play = tmp_path / "render.yml"
+    play.write_text(f"""---
+- name: Render the systemd units
+  hosts: localhost
+  gather_facts: false
+  vars_files:
+    - {roles}/zookeeper/defaults/main.yml
+    - {roles}/zookeeper/vars/main.yml
+    - {roles}/bookie/defaults/main.yml
+  tasks:
+    - name: Render the zookeeper unit
+      ansible.builtin.template:
+        src: {roles}/zookeeper/templates/zookeeper.service.j2
+        dest: {tmp_path}/zookeeper.service
+        mode: "0644"
+    - name: Render the bookie unit
+      ansible.builtin.template:
+        src: {roles}/bookie/templates/bookie.service.j2
+        dest: {tmp_path}/bookie.service
+        mode: "0644"
+""")
+    render = subprocess.run(
+        [_tool("ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", str(play), "-e", "zookeeper_id=1",
+         "-e", f"zookeeper_data_dir={tmp_path}/zookeeper", "-e", f"bookie_install_dir={tmp_path}/opt",
+         "-e", "bookie_id=10.0.0.1:3181"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_ansible_env(), stdin=subprocess.DEVNULL)
+    assert render.returncode == 0, render.stdout[-5000:] + render.stderr[-3000:]
+    for unit in ("zookeeper.service", "bookie.service"):
+        text = (tmp_path / unit).read_text()
+        assert "ExecStart=" in text and "{{" not in text, text
+    verify = subprocess.run([analyze, "verify", str(tmp_path / "zookeeper.service"), str(tmp_path / "bookie.service")],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert verify.returncode == 0 and not (verify.stdout + verify.stderr).strip(), verify.stdout + verify.stderr
+    assert f"ExecStart={bk} bookie --conf /etc/bookkeeper/bookie.toml" in (tmp_path / "bookie.service").read_text()
+
+
+# -- the local deployment -----------------------------------------------------------
+
+@dataclass
+class Deployment:
+    """inventory/local.ini deployed under `base` (its private supervisord included)."""
+
+    base: Path
+    zk_port: int
+    port_base: int
+    wheel: Path
+    extra_vars: list[str] = field(default_factory=list)
+    #: Output and duration of the first site.yml run (the fixture's).
+    first_run: str = ""
+    first_run_s: float = 0.0
+    #: Every pid the deployment ran (pid -> its cmdline then), to check after the teardown.
+    seen: dict[int, bytes] = field(default_factory=dict)
+
+    @property
+    def metadata_uri(self) -> str:
+        return f"zk://127.0.0.1:{self.zk_port}/ledgers"
+
+    @property
+    def supervisord_conf(self) -> Path:
+        return self.base / "supervisor" / "supervisord.conf"
+
+    def playbook(self, name: str, *extra: str, inventory: Path | None = None) -> str:
+        """Run ansible/NAME against local.ini (or `inventory`); return its output, failing on rc != 0."""
+        cmd = [_tool("ansible-playbook"), "-i", str(inventory or ANSIBLE_DIR / "inventory" / "local.ini"),
+               str(ANSIBLE_DIR / name), "-e", f"bk_local_base_dir={self.base}",
+               "-e", f"bk_local_zk_port={self.zk_port}", "-e", f"bk_local_port_base={self.port_base}",
+               "-e", f"bookie_wheel={self.wheel}", *self.extra_vars, *extra]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, env=_ansible_env(),
+                             stdin=subprocess.DEVNULL)
+        assert run.returncode == 0, f"{name} exited {run.returncode}:\n{run.stdout[-8000:]}\n{run.stderr[-3000:]}"
+        return run.stdout
+
+    def service_pids(self) -> dict[str, int]:
+        """Pid of each supervisor program (the bookie's supervisor process, ZooKeeper's JVM); 0 if not running."""
+        names = ["bk-local-zookeeper", *(f"bk-local-{b}" for b in BOOKIES)]
+        out = {}
+        for name in names:
+            r = subprocess.run(["supervisorctl", "-c", str(self.supervisord_conf), "pid", name],
+                               capture_output=True, text=True, timeout=30)
+            out[name] = int(r.stdout.strip()) if r.stdout.strip().isdigit() else 0
+        self._remember(out.values())
+        return out
+
+    def _remember(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            for p in (pid, *children_of(pid)):
+                if p and p not in self.seen:
+                    try:
+                        self.seen[p] = Path(f"/proc/{p}/cmdline").read_bytes()
+                    except OSError:
+                        pass
+
+    def remember_all(self) -> None:
+        pidfile = self.base / "supervisor" / "supervisord.pid"
+        if pidfile.exists():
+            self._remember([int(pidfile.read_text().strip())])
+        self.service_pids()
+
+    def still_running(self) -> list[int]:
+        """Pids seen earlier that still run the same command line."""
+        alive = []
+        for pid, cmdline in self.seen.items():
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                    alive.append(pid)
+            except OSError:
+                continue
+        return alive
+
+
+def recap(output: str) -> dict[str, tuple[int, int, int]]:
+    """PLAY RECAP: host -> (changed, unreachable, failed)."""
+    tail = output[output.rindex("PLAY RECAP"):]
+    return {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in RECAP.finditer(tail)}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> Iterator[Deployment]:
+    """site.yml with local.ini into a temp dir; teardown.yml -e purge=true afterwards, then
+    every process it ran is checked gone by pid (leftovers are killed, and fail the test)."""
+    base = tmp_path_factory.mktemp("ansible-local")
+    extra = []
+    if Path("/run/systemd/system").is_dir():
+        extra = ["-e", "zookeeper_service_manager=supervisor", "-e", "bookie_service_manager=supervisor"]
+    dep = Deployment(base=base, zk_port=free_port_block(1), port_base=free_port_block(40), wheel=built_wheel,
+                     extra_vars=extra)
+    started = time.monotonic()
+    try:
+        dep.first_run = dep.playbook("site.yml")
+        dep.first_run_s = time.monotonic() - started
+        dep.remember_all()
+        yield dep
+    finally:
+        dep.remember_all()
+        try:
+            dep.playbook("teardown.yml", "-e", "purge=true")
+        finally:
+            leftovers = dep.still_running()
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert not leftovers, f"still running after teardown.yml: {leftovers}"
+        assert not dep.supervisord_conf.exists() and not (base / "bookie1").exists(), sorted(base.rglob("*"))[:20]
+
+
+def test_site_deploys_zookeeper_and_three_bookies_and_simpletest_passes(deployment: Deployment) -> None:
+    """site.yml deploys ZooKeeper + 3 bookies from the wheel; `bk simpletest` (3/2/2) passes."""
+    print(f"first site.yml run: {deployment.first_run_s:.1f}s")
+    first = recap(deployment.first_run)
+    assert set(first) == {"zk1", *BOOKIES}, first
+    assert all(changed > 0 and failed == 0 for changed, _, failed in first.values()), first
+    assert all(deployment.service_pids().values())
+    test = subprocess.run([str(VENV_BIN / "bk"), "simpletest", "--metadata-uri", deployment.metadata_uri],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert test.returncode == 0, test.stdout + test.stderr
+    toml = (deployment.base / "bookie2" / "bookie.toml").read_text()
+    assert f"port = {deployment.port_base + 20}\n" in toml and f"http_port = {deployment.port_base + 25}\n" in toml
+
+
+def test_second_site_run_changes_nothing(deployment: Deployment) -> None:
+    """Idempotence: the second site.yml reports changed=0 for every host and restarts nothing."""
+    before = deployment.service_pids()
+    second = recap(deployment.playbook("site.yml"))
+    assert second == {host: (0, 0, 0) for host in ("zk1", *BOOKIES)}, second
+    assert deployment.service_pids() == before
+
+
+def _write_until(uri: str, stop: threading.Event, acked: list[tuple[int, bytes]], errors: list[BaseException],
+                 ledger: list[int]) -> None:
+    """One long-lived writer (E=2, Qw=Qa=2 on 3 bookies: a replacement always exists)."""
+    try:
+        with bookkeeper.sync.BookKeeper.connect(uri) as bk:
+            lh = bk.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2, digest=DigestType.CRC32C,
+                                  password=b"rolling")
+            ledger.append(lh.ledger_id)
+            deadline = time.monotonic() + PLAYBOOK_TIMEOUT_S + 30
+            i = 0
+            while not stop.is_set() and time.monotonic() < deadline:
+                data = b"rolling %06d" % i
+                acked.append((lh.add_entry(data), data))
+                i += 1
+                time.sleep(0.005)
+            lh.close()
+    except BaseException as e:  # handed to the test thread
+        errors.append(e)
+
+
+def test_rolling_restart_under_a_writer(deployment: Deployment) -> None:
+    """rolling_restart.yml restarts every bookie (one at a time) while a writer appends: the
+    writer sees no error and every acknowledged entry reads back."""
+    before = deployment.service_pids()
+    stop = threading.Event()
+    acked: list[tuple[int, bytes]] = []
+    errors: list[BaseException] = []
+    ledger: list[int] = []
+    writer = threading.Thread(target=_write_until, args=(deployment.metadata_uri, stop, acked, errors, ledger),
+                              daemon=True)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(acked) < 50 and not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(acked) >= 50 and not errors, errors
+        started = time.monotonic()
+        output = deployment.playbook("rolling_restart.yml")
+        print(f"rolling_restart.yml: {time.monotonic() - started:.1f}s, {len(acked)} entries acknowledged")
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+    assert not writer.is_alive()
+    assert not errors, repr(errors[0])
+    rolled = recap(output)
+    assert set(rolled) == set(BOOKIES) and all(failed == 0 for _, _, failed in rolled.values()), rolled
+    after = deployment.service_pids()
+    assert all(after[f"bk-local-{b}"] not in (0, before[f"bk-local-{b}"]) for b in BOOKIES), (before, after)
+    assert after["bk-local-zookeeper"] == before["bk-local-zookeeper"]
+
+    assert [eid for eid, _ in acked] == list(range(len(acked)))
+    with bookkeeper.sync.BookKeeper.connect(deployment.metadata_uri) as bk:
+        rh = bk.open_ledger(ledger[0], password=b"rolling", digest=DigestType.CRC32C)
+        assert rh.last_add_confirmed == len(acked) - 1
+        assert [(e.entry_id, e.data) for e in rh.read(0, rh.last_add_confirmed)] == acked
+        assert len(rh.metadata.ensembles) > 1, "no bookie of the writer's ensemble was restarted under it"
+        bk.delete_ledger(ledger[0])
+
+
+def test_changed_variable_restarts_only_that_bookie(deployment: Deployment, tmp_path: Path) -> None:
+    """A host var changed for bookie2 (its gc_interval_s) rewrites its bookie.toml and restarts
+    bookie2 alone: the other bookies and ZooKeeper keep their pids and report changed=0."""
+    inventory = tmp_path / "inventory"
+    (inventory / "host_vars").mkdir(parents=True)
+    shutil.copy(ANSIBLE_DIR / "inventory" / "local.ini", inventory / "local.ini")
+    (inventory / "host_vars" / "bookie2.yml").write_text("---\nbookie_gc_interval_s: 30\n")
+    before = deployment.service_pids()
+    result = recap(deployment.playbook("site.yml", inventory=inventory / "local.ini"))
+    after = deployment.service_pids()
+    assert result["bookie2"][0] > 0 and all(result[h] == (0, 0, 0) for h in ("zk1", "bookie1", "bookie3")), result
+    assert after["bk-local-bookie2"] not in (0, before["bk-local-bookie2"]), (before, after)
+    assert {k: v for k, v in after.items() if k != "bk-local-bookie2"} == \
+        {k: v for k, v in before.items() if k != "bk-local-bookie2"}
+    assert "gc_interval_s = 30.0\n" in (deployment.base / "bookie2" / "bookie.toml").read_text()
