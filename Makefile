@@ -16,6 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
+LOADTEST_DIR := loadtest-out
 
 .PHONY: run test loadtest setup system-deps venv build clean
 
@@ -49,6 +50,18 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-deps pyproject.toml setup.py $(EXT_SOURCES)
 	touch $@
 
 build: $(VENV)/.stamp-build
+
+# A sandbox in the background, a headless locust run against it, the sandbox stopped.
+loadtest: setup
+	@mkdir -p $(LOADTEST_DIR)
+	@$(VENV)/bin/bk sandbox --dir $(LOADTEST_DIR)/sandbox > $(LOADTEST_DIR)/sandbox.log 2>&1 & pid=$$!; \
+	trap 'kill -INT $$pid 2>/dev/null; wait $$pid' EXIT; \
+	for _ in $$(seq 120); do grep -q '^metadata_uri=' $(LOADTEST_DIR)/sandbox.log && break; \
+		kill -0 $$pid 2>/dev/null || { cat $(LOADTEST_DIR)/sandbox.log; exit 1; }; sleep 1; done; \
+	uri=$$(sed -n 's/^metadata_uri=//p' $(LOADTEST_DIR)/sandbox.log); \
+	$(VENV)/bin/locust -f loadtest/locustfile.py --headless $(LOADTEST_ARGS) --metadata-uri $$uri \
+		--csv $(LOADTEST_DIR)/run --json-file $(LOADTEST_DIR)/run --only-summary; \
+	echo "results: $(LOADTEST_DIR)/run_stats.csv, $(LOADTEST_DIR)/run_hdr.csv"
 
 clean:
 	rm -rf build bookkeeper/_ext/*.so ext/bookkeeper/_ext/*.c *.egg-info .venv*/.stamp-build
