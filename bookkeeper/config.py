@@ -33,10 +33,24 @@ ALIASES: dict[str, str] = {
     "journalBufferedWritesThreshold": "journal_max_batch_bytes",
     "zkTimeout": "zk_session_timeout_ms",
     "gcWaitTime": "gc_interval_s",
+    "logSizeLimit": "entry_log_max_bytes",
+    "minorCompactionThreshold": "minor_compaction_threshold",
+    "majorCompactionThreshold": "major_compaction_threshold",
+    "minorCompactionInterval": "minor_compaction_interval_s",
+    "majorCompactionInterval": "major_compaction_interval_s",
+    "diskUsageWarnThreshold": "disk_usage_warn",
+    "diskUsageThreshold": "disk_usage_threshold",
+    "diskUsageLwmThreshold": "disk_usage_lwm",
+    "diskCheckInterval": "disk_check_interval_s",
+    "autoRecoveryDaemonEnabled": "autorecovery",
+    "lostBookieRecoveryDelay": "lost_bookie_delay_s",
+    "openLedgerRereplicationGracePeriod": "open_ledger_rereplication_grace_s",
+    "auditorPeriodicCheckInterval": "audit_interval_s",
 }
 
 # Aliases whose Apache BookKeeper unit differs from ours: value multiplier.
-_ALIAS_SCALE: dict[str, float] = {"journalMaxGroupWaitMSec": 1000.0, "gcWaitTime": 0.001}
+_ALIAS_SCALE: dict[str, float] = {"journalMaxGroupWaitMSec": 1000.0, "gcWaitTime": 0.001,
+                                  "diskCheckInterval": 0.001, "openLedgerRereplicationGracePeriod": 0.001}
 
 
 def default_shards() -> int:
@@ -80,6 +94,24 @@ class BookieConfig:
     zk_session_timeout_ms: int = 10_000
     pin_shards: bool = True
     readonly: bool = False
+    # Space (docs/compaction.md): entry logs roll at this size; a log whose live share is under a
+    # threshold is compacted (its live entries copied, then the file deleted) at that interval.
+    entry_log_max_bytes: int = 1 << 30
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_s: float = 3600.0
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86400.0
+    compaction_rate_mb_s: float = 64.0
+    # Disks (docs/operations.md): per journal and ledger dir, used share of the filesystem.
+    disk_usage_warn: float = 0.90
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm: float = 0.85
+    disk_check_interval_s: float = 10.0
+    # Auto-recovery (docs/autorecovery.md): the auditor and a replication worker in this bookie.
+    autorecovery: bool = False
+    lost_bookie_delay_s: float = 30.0
+    open_ledger_rereplication_grace_s: float = 30.0
+    audit_interval_s: float = 5.0
     tls_enabled: bool = False
     auth_provider: str = ""
 
@@ -97,7 +129,9 @@ class BookieConfig:
             raise ConfigError(f"journal_sync must be 'io_uring' or 'thread', got {self.journal_sync!r}")
         if not self.ledger_dirs:
             raise ConfigError("ledger_dirs must list at least one directory")
-        for name in ("checkpoint_interval_s", "gc_interval_s"):
+        for name in ("checkpoint_interval_s", "gc_interval_s", "minor_compaction_interval_s",
+                     "major_compaction_interval_s", "compaction_rate_mb_s", "disk_check_interval_s",
+                     "audit_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.http_port < 65536:
@@ -108,6 +142,17 @@ class BookieConfig:
             raise ConfigError("journal_max_batch_bytes must be >= 4096")
         if self.journal_max_batch_entries < 1:
             raise ConfigError(f"journal_max_batch_entries must be >= 1, got {self.journal_max_batch_entries}")
+        if self.entry_log_max_bytes < 64 * 1024:
+            raise ConfigError(f"entry_log_max_bytes must be >= 65536, got {self.entry_log_max_bytes}")
+        if not 0 <= self.minor_compaction_threshold <= self.major_compaction_threshold <= 1:
+            raise ConfigError("need 0 <= minor_compaction_threshold <= major_compaction_threshold <= 1, got "
+                              f"{self.minor_compaction_threshold} and {self.major_compaction_threshold}")
+        if not 0 < self.disk_usage_lwm <= self.disk_usage_warn <= self.disk_usage_threshold <= 1:
+            raise ConfigError("need 0 < disk_usage_lwm <= disk_usage_warn <= disk_usage_threshold <= 1, got "
+                              f"{self.disk_usage_lwm}, {self.disk_usage_warn}, {self.disk_usage_threshold}")
+        for name in ("lost_bookie_delay_s", "open_ledger_rereplication_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.tls_enabled:
             raise ConfigError("tls_enabled: TLS is not supported yet")
         if self.auth_provider:
@@ -132,7 +177,12 @@ class BookieConfig:
         return Path(self.journal_dir) / f"shard-{index}"
 
     def shard_ledger_dir(self, index: int) -> Path:
+        """Where shard i keeps its index (and entry logs in the first ledger dir)."""
         return Path(self.ledger_dirs[0]) / f"shard-{index}"
+
+    def shard_ledger_dirs(self, index: int) -> list[Path]:
+        """Shard i's directory in every ledger dir: its entry logs go to any of them."""
+        return [Path(d) / f"shard-{index}" for d in self.ledger_dirs]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

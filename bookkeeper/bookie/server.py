@@ -18,11 +18,13 @@ import asyncio
 import logging
 import shutil
 import struct
+import time
 from collections import defaultdict
 from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
 from bookkeeper.proto import (
     ENTRY_HEADER_BYTES,
@@ -45,8 +47,8 @@ Response = tuple[int, int, int, int, int, int, bytes]
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
 _OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
 _FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
-_RECOVERY_ADD = int(Flag.RECOVERY_ADD)
-_NO_REPLY = (None, None)
+_RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
+_NO_REPLY = (None, None, 0.0)
 BOOKIE_INFO = struct.Struct(">QQHH")
 LONG_POLL_MAX_MS = 60_000
 
@@ -76,6 +78,7 @@ class BookieProtocol(asyncio.Protocol):
         if self._refusing:
             return
         self._buf += data
+        self.shard.now = time.monotonic()  # the arrival time of every request in this buffer
         bad: FrameError | None = None
         try:
             frames, used = parse_requests(self._buf, self.shard.max_frame_bytes)
@@ -137,11 +140,16 @@ class ShardServer:
         self.shard_index = shard_index
         self.shards = shards
         self.max_frame_bytes = max_frame_bytes
-        self.readonly = readonly
+        self.readonly = readonly  # adds get READ_ONLY: set by the supervisor (disks, decommission, config)
+        self.readonly_reason: str | None = "readonly = true in the configuration" if readonly else None
         self.data_dir = data_dir
         self.connections: set[BookieProtocol] = set()
         self.paused: set[BookieProtocol] = set()
-        self.counters: dict[int | str, int] = defaultdict(int)  # per op code, and "bad_frames"
+        self.counters: dict[int | str, int] = defaultdict(int)  # per op code, "bad_frames", "add_errors", "fence"
+        self.histograms = shard_histograms()
+        self._add_latency = self.histograms["add_entry_latency_seconds"]
+        self._read_latency = self.histograms["read_entry_latency_seconds"]
+        self.now = 0.0  # arrival time of the receive buffer being dispatched (monotonic)
         # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
@@ -169,19 +177,33 @@ class ShardServer:
 
     # -- journal callbacks -----------------------------------------------------
     def on_durable(self, items: list[Any]) -> None:
-        """A journal batch is durable: answer its adds, one write per connection."""
+        """A journal batch is durable: answer its adds, one write per connection.
+
+        Add latency is observed once per run of adds that arrived in one receive buffer
+        (they share an arrival time), not once per add.
+        """
         per_conn: dict[BookieProtocol, list[Response]] = {}
-        for conn, resp in items:
+        now, run_t, run = time.monotonic(), 0.0, 0
+        for conn, resp, t in items:
             if conn is not None:
                 per_conn.setdefault(conn, []).append(resp)
+                if resp[0] == _ADD:
+                    if t != run_t:
+                        if run:
+                            self._add_latency.observe(now - run_t, run)
+                        run_t, run = t, 0
+                    run += 1
+        if run:
+            self._add_latency.observe(now - run_t, run)
         for conn, responses in per_conn.items():
             conn.send_now(responses)
         self.release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}
-        for conn, resp in items:
+        for conn, resp, _t in items:
             if conn is not None:
+                self.counters["add_errors"] += resp[0] == _ADD
                 per_conn.setdefault(conn, []).append(
                     (resp[0], Status.SERVER_ERROR, resp[2], resp[3], resp[4], -1, b""))
         for conn, responses in per_conn.items():
@@ -196,7 +218,12 @@ class ShardServer:
             if op == _ADD:
                 self._add(conn, flags, req_id, ledger_id, entry_id, key, payload, blob_lac)
             elif op == _READ:
-                self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
+                if flags & _LONG_POLL:
+                    self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
+                else:
+                    t0 = time.monotonic()
+                    self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
+                    self._read_latency.observe(time.monotonic() - t0)
             elif op == _READ_LAC:
                 self._read_lac(conn, flags, req_id, ledger_id, key)
             elif op == _INFO:
@@ -236,13 +263,14 @@ class ShardServer:
             if status == _OK and st.fenced and not flags & _RECOVERY_ADD:  # type: ignore[union-attr]
                 status = _FENCED
         if status != _OK:
+            self.counters["add_errors"] += 1
             conn.respond((_ADD, status, req_id, ledger_id, entry_id, -1, b""))
             return
         self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
         if self._waiters and ledger_id in self._waiters:
             self._to_wake.add(ledger_id)  # its LAC or its entries moved: see wake_parked
         self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
-                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b"")))  # type: ignore[union-attr]
+                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b""), self.now))  # type: ignore[union-attr]
 
     def _new_ledger(self, ledger_id: int, key: bytes) -> LedgerState:
         """First sight of a ledger on this shard: its state, and its master key journaled."""
@@ -256,6 +284,7 @@ class ShardServer:
         The caller journals a REC_FENCE record carrying its reply, so the reply
         leaves only once the fence is durable.
         """
+        self.counters["fence"] += 1
         st = self.storage.ledger(ledger_id)
         if key == NO_KEY:
             return st, Status.UNAUTHORIZED
@@ -279,7 +308,7 @@ class ShardServer:
             data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
             status = Status.OK if data is not None else Status.NO_SUCH_ENTRY
             self.journal.append(REC_FENCE, ledger_id, -1, b"",
-                                (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b"")))
+                                (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b""), self.now))
             return None
         st = self.storage.ledger(ledger_id)
         if flags & Flag.LONG_POLL and entry_id >= 0:
@@ -309,7 +338,7 @@ class ShardServer:
             assert st is not None and self.journal is not None
             last = self.storage.last_entry_id(ledger_id)
             self.journal.append(REC_FENCE, ledger_id, -1, b"",
-                                (conn, (op, Status.OK, req_id, ledger_id, last, st.lac, b"")))
+                                (conn, (op, Status.OK, req_id, ledger_id, last, st.lac, b""), self.now))
             return None
         st = self.storage.ledger(ledger_id)
         if st is None:

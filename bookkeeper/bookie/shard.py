@@ -14,6 +14,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -22,17 +23,22 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
+from bookkeeper.bookie import control
+from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
 from bookkeeper.bookie.journal import Journal, make_syncer
 from bookkeeper.bookie.journal.journal import Record
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
+from bookkeeper.bookie.state import disk_usage
 from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.config import BookieConfig
 from bookkeeper.meta.zk import ZkMetadataStore
-from bookkeeper.proto import entry_header
+from bookkeeper.proto import Op, entry_header
 
 log = logging.getLogger("bookkeeper.shard")
 
@@ -52,29 +58,64 @@ def apply_records(storage: LedgerStorage, records: list[Record]) -> None:
 
 
 class Shard:
-    """One shard's components and periodic work (checkpoint, garbage collection)."""
+    """One shard's components and periodic work (checkpoint, garbage collection, compaction)."""
 
-    def __init__(self, cfg: BookieConfig, index: int) -> None:
+    def __init__(self, cfg: BookieConfig, index: int, *, supervisor_pid: int = 0) -> None:
         self.cfg = cfg
         self.index = index
+        self.supervisor_pid = supervisor_pid
         self.loop = asyncio.get_running_loop()
-        self.storage = LedgerStorage(cfg.shard_ledger_dir(index))
+        self.storage = LedgerStorage(cfg.shard_ledger_dir(index))  # TEMP until storage API lands
         self.server = ShardServer(storage=self.storage, shard_index=index, shards=cfg.shards,
                                   max_frame_bytes=cfg.max_frame_bytes, readonly=cfg.readonly,
                                   data_dir=str(cfg.shard_ledger_dir(index)),
                                   write_cache_max_bytes=cfg.write_cache_max_bytes)
         self.syncer = make_syncer(cfg.journal_sync, self.loop)
         self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
-                               on_durable=self._on_durable, on_failed=self.server.on_failed,
+                               on_durable=self._on_durable, on_failed=self._on_journal_failed,
                                group_wait_us_max=cfg.journal_max_group_wait_us,
                                batch_bytes_max=cfg.journal_max_batch_bytes,
                                batch_entries_max=cfg.journal_max_batch_entries,
                                preallocate_bytes=cfg.journal_preallocate_bytes,
                                file_max_bytes=cfg.journal_file_max_bytes)
         self.server.journal = self.journal
+        self.journal.observe_batch = self._observe_batch
         self._checkpointing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._meta: ZkMetadataStore | None = None  # for garbage collection only
+        self._finder: DeletedLedgerFinder | None = None
+        self._gc_lock = asyncio.Lock()
+        self._compacting: asyncio.Future[Any] | None = None  # the worker thread's compaction, if any
+        self._last_minor = self._last_major = time.monotonic()
+        self.failed: str | None = None  # why this shard can make nothing durable any more
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted",
+             "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted"), 0)
+
+    def _dir_writable(self, path: Path) -> bool:
+        """May a new entry log go to this ledger dir (under the read-only threshold)?"""
+        return disk_usage(path)[2] < self.cfg.disk_usage_threshold
+
+    def _observe_batch(self, records: int, nbytes: int, seconds: float) -> None:
+        h = self.server.histograms
+        h["journal_sync_latency_seconds"].observe(seconds)
+        h["journal_batch_entries"].observe(records)
+        h["journal_batch_bytes"].observe(nbytes)
+
+    def _on_journal_failed(self, items: list, err: OSError) -> None:
+        """Answer the items with errors; the first time, turn the shard read-only and tell the
+        supervisor at once (SIGUSR1: it re-registers the bookie read-only and says why)."""
+        self.server.on_failed(items, err)
+        if self.failed is None:
+            self.failed = f"journal failed: {err}"
+            self.server.readonly = True
+            self.server.readonly_reason = self.failed
+            log.error("shard %d: %s; refusing adds from now on (reads still served)", self.index, self.failed)
+            if self.supervisor_pid:
+                try:
+                    os.kill(self.supervisor_pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
 
     def _on_durable(self, items: list) -> None:
         self.server.on_durable(items)
@@ -96,15 +137,21 @@ class Shard:
     async def checkpoint(self) -> None:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
         mark = self.journal.position()
+        nbytes = self.storage.write_cache_bytes - ENTRY_OVERHEAD_BYTES * len(self.storage.write_cache)
         snap = self.storage.snapshot()
         self.server.release_backpressure()  # the write cache is empty again
+        t0 = time.monotonic()
         try:
             await self.loop.run_in_executor(None, self.storage.flush, snap, mark)
         except BaseException:
             self.storage.flush_failed(snap)  # nothing lost, journal kept: the next checkpoint retries
+            self.counters["checkpoint_failures"] += 1
             raise
         self.storage.flush_done(snap)
         self.journal.trim(mark[0])
+        self.counters["checkpoints"] += 1
+        self.counters["checkpoint_bytes"] += nbytes
+        self.server.histograms["checkpoint_duration_seconds"].observe(time.monotonic() - t0)
 
     async def run(self) -> None:
         t0 = time.monotonic()
@@ -118,6 +165,8 @@ class Shard:
         port = self.cfg.port_of_shard(self.index)
         srv = await self.loop.create_server(lambda: BookieProtocol(self.server), self.cfg.bind_address, port,
                                             reuse_address=True, backlog=1024)
+        ctl = await control.serve(control.socket_name(self.supervisor_pid or os.getppid(), self.index),
+                                  self.on_control)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
         print(f"READY shard={self.index} port={port} sync={self.syncer.kind}", flush=True)
@@ -128,10 +177,13 @@ class Shard:
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect))]
         await self._stopping.wait()
         srv.close()
+        ctl.close()
         for conn in list(self.server.connections):
             conn.close()
         for task in periodic:
             task.cancel()
+        if self._compacting is not None:
+            await asyncio.gather(self._compacting, return_exceptions=True)
         await self.journal.drain()
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
@@ -158,25 +210,104 @@ class Shard:
             except Exception:
                 log.exception("shard %d: periodic %s failed", self.index, getattr(job, "__name__", job))
 
-    async def garbage_collect(self) -> int:
-        """Drop ledgers whose metadata is gone (deleted): metadata is created before any add."""
-        candidates = list(self.storage.ledgers)
-        if not candidates:
-            return 0
+    async def on_control(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A supervisor request (bookkeeper/bookie/control.py)."""
+        op = req.get("op")
+        if op == "stats":
+            return self.stats()
+        if op == "readonly":
+            self.server.readonly = bool(req["on"]) or self.failed is not None
+            self.server.readonly_reason = self.failed or (req.get("reason") if req["on"] else None)
+            return self.state()
+        if op == "gc":
+            return await self.garbage_collect(force=bool(req.get("force", True)))
+        raise ValueError(f"unknown control op {op!r}")
 
-        def missing() -> list[int]:
+    def state(self) -> dict[str, Any]:
+        return {"index": self.index, "state": "readonly" if self.server.readonly else "writable",
+                "reason": self.server.readonly_reason, "failed": self.failed}
+
+    def stats(self) -> dict[str, Any]:
+        """Everything the supervisor exposes for this shard (bookkeeper/bookie/metrics.py)."""
+        server, journal, storage = self.server, self.journal, self.storage
+        usage = storage.log_usage()
+        counters = {"add_entry": server.counters[int(Op.ADD_ENTRY)], "add_entry_errors": server.counters["add_errors"],
+                    "read_entry": server.counters[int(Op.READ_ENTRY)], "fence": server.counters["fence"],
+                    "bad_frames": server.counters["bad_frames"], "journal_batches": journal.stats["blocks"],
+                    "journal_bytes": journal.stats["bytes"], **self.counters}
+        gauges = {"connections": len(server.connections), "paused_senders": len(server.paused),
+                  "journal_queue_bytes": journal.queued_bytes, "write_cache_bytes": storage.write_cache_bytes,
+                  "ledgers": len(storage.ledgers), "entry_log_bytes": sum(u[1] for u in usage.values()),
+                  "entry_log_live_bytes": sum(u[2] for u in usage.values()), "readonly": int(server.readonly)}
+        return {**self.state(), "counters": counters, "gauges": gauges,
+                "histograms": {k: h.snapshot() for k, h in server.histograms.items()}}
+
+    async def garbage_collect(self, *, force: bool = False) -> dict[str, Any]:
+        """One GC pass: drop deleted ledgers (committed by a checkpoint), then compact if due.
+
+        Passes never overlap: an operator's forced pass waits for a periodic one and then runs.
+        """
+        async with self._gc_lock:
+            t0 = time.monotonic()
+            gone = await self._drop_deleted()
+            now = time.monotonic()
+            plan = compaction_plan(now, last_minor=self._last_minor, last_major=self._last_major, force=force,
+                                   minor_threshold=self.cfg.minor_compaction_threshold,
+                                   minor_interval_s=self.cfg.minor_compaction_interval_s,
+                                   major_threshold=self.cfg.major_compaction_threshold,
+                                   major_interval_s=self.cfg.major_compaction_interval_s)
+            result: dict[str, Any] = {"shard": self.index, "ledgers_deleted": len(gone), "compaction": None,
+                                      "logs_compacted": 0, "logs_deleted": 0, "entries_copied": 0,
+                                      "bytes_copied": 0, "bytes_reclaimed": 0}
+            if plan is not None:
+                result.update(await self._compact(*plan))
+                self._last_minor = now
+                if plan[0] == "major":
+                    self._last_major = now
+            result["duration_s"] = round(time.monotonic() - t0, 3)
+            return result
+
+    async def _drop_deleted(self) -> list[int]:
+        """Forget the ledgers whose metadata is gone, and commit that before compaction looks."""
+        held = list(self.storage.ledgers)
+        if not held:
+            return []
+
+        def find() -> list[int]:
             if self._meta is None:  # one ZooKeeper session per shard, made on first use and kept
                 self._meta = ZkMetadataStore(self.cfg.metadata_uri, create=False,
                                              session_timeout_ms=self.cfg.zk_session_timeout_ms)
-            return [lid for lid in candidates if not self._meta.ledger_exists(lid)]
+                self._finder = DeletedLedgerFinder(self._meta)
+            assert self._finder is not None
+            return self._finder.find(held)[0]
 
-        gone = await self.loop.run_in_executor(None, missing)
+        gone = await self.loop.run_in_executor(None, find)
         for lid in gone:
             self.storage.delete_ledger(lid)
         if gone:
             log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
-            self.request_checkpoint()
-        return len(gone)
+            self.counters["gc_ledgers_deleted"] += len(gone)
+            await self._checkpoint_now()
+        return gone
+
+    async def _compact(self, kind: str, threshold: float) -> dict[str, Any]:
+        """Compact entry logs under `threshold` live share in a worker thread, throttled."""
+        rate = self.cfg.compaction_rate_mb_s * 1e6
+        self._compacting = self.loop.run_in_executor(None, functools.partial(
+            self.storage.compact, threshold, rate_bytes_s=rate, should_stop=self._stopping.is_set))
+        res = await asyncio.shield(self._compacting)  # a stop waits for the thread, never abandons it
+        self.storage.release_logs(res.retired)
+        self.counters["compaction_bytes_copied"] += res.bytes_copied
+        self.counters["compaction_bytes_reclaimed"] += res.bytes_reclaimed
+        self.counters["compaction_logs_deleted"] += res.logs_compacted + res.logs_deleted
+        self.server.histograms["compaction_duration_seconds"].observe(res.duration_s)
+        if res.logs_compacted or res.logs_deleted:
+            log.info("shard %d: %s compaction: %d log(s) compacted, %d deleted, %d bytes copied, %d reclaimed "
+                     "in %.2fs", self.index, kind, res.logs_compacted, res.logs_deleted, res.bytes_copied,
+                     res.bytes_reclaimed, res.duration_s)
+        return {"compaction": kind, "logs_compacted": res.logs_compacted, "logs_deleted": res.logs_deleted,
+                "entries_copied": res.entries_copied, "bytes_copied": res.bytes_copied,
+                "bytes_reclaimed": res.bytes_reclaimed}
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -227,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_to_core(args.index)
 
     async def run() -> None:
-        await Shard(cfg, args.index).run()
+        await Shard(cfg, args.index, supervisor_pid=args.parent_pid).run()
 
     uvloop.run(run())
     return 0

@@ -26,9 +26,11 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from bookkeeper.bookie import control
+from bookkeeper.bookie.admin import start_admin_http
 from bookkeeper.bookie.journal.syncer import probe_io_uring
+from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, disk_usage, next_dir_state
 from bookkeeper.config import BookieConfig
 from bookkeeper.errors import BKError, CookieMismatchError
 from bookkeeper.meta.zk import ZkMetadataStore
@@ -38,6 +40,18 @@ log = logging.getLogger("bookkeeper.supervisor")
 COOKIE_FILE = "COOKIE"
 COOKIE_VERSION = 1
 SHARD_START_TIMEOUT_S = 120.0
+FAILED_SHARD_RESTART_S = 5.0  # a shard whose journal failed is restarted this long after, once its disk has room
+
+
+def start_autorecovery(cfg: BookieConfig) -> Any:
+    """The auditor candidate and a replication worker inside this bookie (autorecovery = true)."""
+    from bookkeeper.autorecovery import AutoRecoveryService
+
+    service = AutoRecoveryService(cfg.metadata_uri, lost_bookie_delay_s=cfg.lost_bookie_delay_s,
+                                  open_ledger_rereplication_grace_s=cfg.open_ledger_rereplication_grace_s,
+                                  audit_interval_s=cfg.audit_interval_s)
+    service.start()
+    return service
 
 
 def expected_cookie(cfg: BookieConfig, instance_id: str) -> dict[str, Any]:
@@ -99,7 +113,7 @@ def lock_directories(cfg: BookieConfig) -> list[int]:
 
 
 class Supervisor:
-    """Runs the shard processes of one bookie and keeps its registration."""
+    """Runs the shard processes of one bookie, keeps its registration and its state."""
 
     def __init__(self, cfg: BookieConfig, *, parent_pid: int = 0) -> None:
         self.cfg = cfg
@@ -107,7 +121,17 @@ class Supervisor:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # re-evaluate the state now (a shard failed, a marker moved)
+        self._reg_lock = threading.Lock()  # registration moves: monitor thread and ZooKeeper listener
         self.store: ZkMetadataStore | None = None
+        self.state, self.reason = WRITABLE, None
+        self._registered_readonly: bool | None = None
+        self._decommissioning = False
+        self.dirs = [DirState(str(Path(cfg.journal_dir).resolve()), "journal"),
+                     *(DirState(str(Path(d).resolve()), "ledger") for d in cfg.ledger_dirs)]
+        self.failed_shards: dict[int, str] = {}
+        self._failed_since: dict[int, float] = {}
+        self.autorecovery: Any = None
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         cmd = module_command("bookkeeper.bookie.shard", "--index", str(index), "--parent-pid", str(os.getpid()),
@@ -133,32 +157,39 @@ class Supervisor:
         raise BKError(f"shard {index} was not ready within {SHARD_START_TIMEOUT_S}s")
 
     def registration(self) -> dict[str, Any]:
-        return {"bookie_id": self.cfg.id, "rack": self.cfg.rack, "readonly": self.cfg.readonly,
+        return {"bookie_id": self.cfg.id, "rack": self.cfg.rack, "readonly": self.state == READONLY,
                 "shards": [{"host": self.cfg.address, "port": self.cfg.port_of_shard(i)}
-                           for i in range(self.cfg.shards)], "pid": os.getpid()}
+                           for i in range(self.cfg.shards)], "http_port": self.cfg.http_port, "pid": os.getpid()}
 
     def run(self) -> int:
         cfg = self.cfg
         locks = lock_directories(cfg)
         self.store = ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
+        http = None
         try:
             check_cookies(cfg, self.store)
             self._choose_syncer()
+            signal.signal(signal.SIGUSR1, lambda *_: self._wake.set())  # a shard failed: look now
             for i in range(cfg.shards):
                 self.procs[i] = self._spawn(i)
             for i in range(cfg.shards):
                 self._wait_ready(i)
-            http = self._start_http() if cfg.http_port else None  # up before clients can find us
-            self.store.register_bookie(cfg.id, self.registration(), readonly=cfg.readonly)
+            http = start_admin_http(self) if cfg.http_port else None  # up before clients can find us
+            self.store.zk.DataWatch(self.store.decommissioning_path(cfg.id), self._on_decommission_marker)
+            self._evaluate()  # measures the disks and registers (read-only if they are full)
             self.store.zk.add_listener(self._on_zk_state)
-            log.info("bookie %s up: %d shard(s) on ports %s", cfg.id, cfg.shards,
-                     [cfg.port_of_shard(i) for i in range(cfg.shards)])
+            if cfg.autorecovery:
+                self.autorecovery = start_autorecovery(cfg)
+            log.info("bookie %s up: %d shard(s) on ports %s, %s", cfg.id, cfg.shards,
+                     [cfg.port_of_shard(i) for i in range(cfg.shards)], self.state)
             print(f"BOOKIE READY {cfg.id}", flush=True)
             self._monitor()
-            if http is not None:
-                http.shutdown()
             return 0
         finally:
+            if self.autorecovery is not None:
+                self.autorecovery.stop()
+            if http is not None:
+                http.shutdown()
             self._shutdown()
             for fd in locks:
                 os.close(fd)
@@ -173,36 +204,127 @@ class Supervisor:
             log.warning("io_uring unavailable (%s): journal falls back to thread-based fdatasync", reason)
             self.cfg = dataclasses.replace(self.cfg, journal_sync="thread")
 
+    # -- state: writable or read-only --------------------------------------------
+    def _on_decommission_marker(self, data: bytes | None, stat: Any) -> None:
+        self._decommissioning = stat is not None
+        self._wake.set()
+
+    def _measure_disks(self) -> None:
+        cfg = self.cfg
+        for i, prev in enumerate(self.dirs):
+            try:
+                usage = disk_usage(prev.path)[2]
+            except OSError as e:  # the disk is gone: as good as full
+                log.error("cannot measure %s dir %s: %s", prev.kind, prev.path, e)
+                usage = 1.0
+            now = next_dir_state(prev, usage, warn=cfg.disk_usage_warn, threshold=cfg.disk_usage_threshold,
+                                 lwm=cfg.disk_usage_lwm)
+            if now.warned and not prev.warned:
+                log.warning("%s dir %s is %.0f%% full (warning at %.0f%%)", now.kind, now.path, usage * 100,
+                            cfg.disk_usage_warn * 100)
+            if now.full != prev.full:
+                log.warning("%s dir %s is %.0f%% full: %s", now.kind, now.path, usage * 100,
+                            "full (read-only threshold)" if now.full else "usable again (under the low-water mark)")
+            self.dirs[i] = now
+
+    def _poll_shards(self) -> None:
+        """Which shards failed (their journal), and restart a failed one once its disk has room."""
+        for i in list(self.procs):
+            try:
+                st = control.call(control.socket_name(os.getpid(), i), {"op": "stats"}, timeout_s=2.0)
+            except (OSError, ValueError):
+                continue  # restarting, or busy: its exit is seen by the monitor
+            if st.get("failed"):
+                self.failed_shards[i] = st["failed"]
+                self._failed_since.setdefault(i, time.monotonic())
+            else:
+                self.failed_shards.pop(i, None)
+                self._failed_since.pop(i, None)
+        journal_full = any(d.full for d in self.dirs if d.kind == "journal")
+        for i, since in list(self._failed_since.items()):
+            if not journal_full and time.monotonic() - since > FAILED_SHARD_RESTART_S and self.procs[i].poll() is None:
+                log.warning("shard %d failed (%s): restarting it", i, self.failed_shards[i])
+                self.procs[i].terminate()  # drains and checkpoints; the monitor starts it again
+                del self._failed_since[i]
+
+    def _evaluate(self) -> None:
+        """Measure, decide (state.bookie_state) and, on a change, move shards and registration."""
+        self._measure_disks()
+        self._poll_shards()
+        state, reason = bookie_state(forced=self.cfg.readonly, decommissioning=self._decommissioning,
+                                     dirs=self.dirs, failed_shards=self.failed_shards)
+        changed = (state, reason) != (self.state, self.reason)
+        self.state, self.reason = state, reason
+        if changed or self._registered_readonly is None:
+            if changed:
+                log.warning("bookie %s is now %s%s", self.cfg.id, state, f": {reason}" if reason else "")
+            self._tell_shards()
+            self._register()
+
+    def _tell_shards(self) -> None:
+        for i in list(self.procs):
+            try:
+                control.call(control.socket_name(os.getpid(), i),
+                             {"op": "readonly", "on": self.state == READONLY, "reason": self.reason}, timeout_s=5.0)
+            except (OSError, ValueError) as e:
+                log.warning("shard %d: could not set its state (%s); it gets it once back", i, e)
+
+    def _register(self) -> None:
+        """Registration under available/ or available/readonly/ as the state says: the new one
+        first, then the old one removed, so the bookie is never missing from both."""
+        assert self.store is not None
+        readonly = self.state == READONLY
+        with self._reg_lock:
+            try:
+                self.store.register_bookie(self.cfg.id, self.registration(), readonly=readonly)
+                if self._registered_readonly is not None and self._registered_readonly != readonly:
+                    self.store.unregister_bookie(self.cfg.id, readonly=self._registered_readonly)
+                self._registered_readonly = readonly
+            except Exception:
+                log.exception("registration as %s failed: retried at the next check", self.state)
+
     def _on_zk_state(self, state: str) -> None:
         if state == "CONNECTED" and self.store is not None and not self._stop.is_set():
             # After a session loss the ephemeral registration is gone: put it back.
-            threading.Thread(target=self._reregister, daemon=True).start()
-
-    def _reregister(self) -> None:
-        try:
-            assert self.store is not None
-            self.store.register_bookie(self.cfg.id, self.registration(), readonly=self.cfg.readonly)
-        except Exception:
-            log.exception("re-registration failed")
+            threading.Thread(target=self._register, daemon=True).start()
 
     def _monitor(self) -> None:
-        while not self._stop.wait(0.2):
+        next_check = time.monotonic() + self.cfg.disk_check_interval_s
+        while not self._stop.is_set():
+            woken = self._wake.wait(0.2)
+            self._wake.clear()
             if self.parent_pid and os.getppid() != self.parent_pid:
                 log.warning("parent process %d is gone: stopping", self.parent_pid)
                 return
             for i, proc in list(self.procs.items()):
-                if proc.poll() is not None:
-                    log.warning("shard %d exited (code %s): restarting", i, proc.returncode)
-                    self.restarts += 1
-                    time.sleep(min(2.0, 0.1 * self.restarts))
-                    self.procs[i] = self._spawn(i)
-                    try:
-                        self._wait_ready(i)
-                    except BKError as e:
-                        log.error("%s", e)
+                if proc.poll() is not None and not self._stop.is_set():
+                    self._restart_shard(i)
+                    woken = True
+            if woken or time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.cfg.disk_check_interval_s
+                self._evaluate()
+
+    def _restart_shard(self, index: int) -> None:
+        log.warning("shard %d exited (code %s): restarting", index, self.procs[index].returncode)
+        self.restarts += 1
+        time.sleep(min(2.0, 0.1 * self.restarts))
+        self.procs[index] = self._spawn(index)
+        try:
+            self._wait_ready(index)
+        except BKError as e:
+            log.error("%s", e)
+            return
+        self.failed_shards.pop(index, None)
+        self._failed_since.pop(index, None)
+        try:
+            control.call(control.socket_name(os.getpid(), index),
+                         {"op": "readonly", "on": self.state == READONLY, "reason": self.reason}, timeout_s=5.0)
+        except (OSError, ValueError) as e:
+            log.warning("shard %d: could not set its state (%s)", index, e)
 
     def stop(self, *_: Any) -> None:
         self._stop.set()
+        self._wake.set()
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -217,37 +339,30 @@ class Supervisor:
                 proc.wait()
         if self.store is not None:
             try:
-                if self.store.connected:
-                    self.store.unregister_bookie(self.cfg.id, readonly=self.cfg.readonly)
+                if self.store.connected and self._registered_readonly is not None:
+                    self.store.unregister_bookie(self.cfg.id, readonly=self._registered_readonly)
             except Exception as e:  # ZooKeeper gone: the ephemeral node dies with the session anyway
                 log.warning("could not unregister from ZooKeeper: %s", e)
             finally:
                 self.store.close()
 
-    def _start_http(self) -> Any:
-        """Admin HTTP: /heartbeat and Prometheus /metrics, on a daemon thread."""
-        from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
+    # -- what the admin endpoints serve ------------------------------------------
+    def shard_call(self, request: dict[str, Any], *, timeout_s: float = 5.0) -> dict[int, dict[str, Any]]:
+        """Ask every running shard at once; shards that cannot answer are left out."""
+        out: dict[int, dict[str, Any]] = {}
 
-        registry = CollectorRegistry()
-        up = Gauge("bookie_shards_up", "shard processes running", registry=registry)
-        restarts = Gauge("bookie_shard_restarts", "shard restarts since start", registry=registry)
-        metrics = make_wsgi_app(registry)
+        def one(i: int) -> None:
+            try:
+                out[i] = control.call(control.socket_name(os.getpid(), i), request, timeout_s=timeout_s)
+            except (OSError, ValueError) as e:
+                log.warning("shard %d did not answer %s: %s", i, request.get("op"), e)
 
-        def app(environ: dict[str, Any], start_response: Any) -> Any:
-            up.set(sum(1 for p in self.procs.values() if p.poll() is None))
-            restarts.set(self.restarts)
-            if environ.get("PATH_INFO") == "/heartbeat":
-                start_response("200 OK", [("Content-Type", "text/plain")])
-                return [b"OK\n"]
-            return metrics(environ, start_response)
-
-        class Quiet(WSGIRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = make_server(self.cfg.bind_address or "0.0.0.0", self.cfg.http_port, app, handler_class=Quiet)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
+        threads = [threading.Thread(target=one, args=(i,)) for i in list(self.procs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
 
 
 def run_bookie(cfg: BookieConfig) -> int:

@@ -179,7 +179,7 @@ class BookKeeper:
         ledger_id = await self._run(self.store.allocate_ledger_id)
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
                             ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=password_digest(password),
-                            ensembles={0: chosen}, custom_metadata=custom)
+                            ensembles={0: chosen}, custom_metadata=custom, password=password)
         md = await self._run(self.store.create_ledger, md)
         return WriteHandle(self, md, password)
 

@@ -5,6 +5,11 @@ Format history (the `format_version` field of the JSON object):
       base64, password digest hex (sha256 of the password). Optional key
       "writer_ensembles" (the segments as the fenced writer left them, same shape as
       "ensembles"), set when recovery begins; readers that do not know it may ignore it.
+      Optional key "password" (base64): the ledger's password, kept so that auto-recovery
+      (which copies entries to new bookies: it needs the master key, and the MAC key to
+      verify MAC digests) can work on any ledger, as Apache BookKeeper keeps it. Anyone who
+      can read the metadata can read it: ZooKeeper ACLs are the protection. `bk ledger
+      metadata` never prints it.
 """
 from __future__ import annotations
 
@@ -66,6 +71,7 @@ class LedgerMetadata:
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     ctime: int = field(default_factory=lambda: int(time.time() * 1000))
     writer_ensembles: dict[int, list[str]] | None = None  # set by recovery: the fenced writer's segments
+    password: bytes | None = field(default=None, repr=False)  # for auto-recovery; None: created before it was kept
     version: int = -1  # the znode version this snapshot was read at; not serialized
 
     @property
@@ -92,9 +98,9 @@ class LedgerMetadata:
     def replace(self, **changes: Any) -> LedgerMetadata:
         return dataclasses.replace(self, **changes)
 
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON shape of `bk ledger metadata` and of the stored znode."""
-        return {
+    def to_json_dict(self, *, secrets: bool = False) -> dict[str, Any]:
+        """The JSON shape of `bk ledger metadata`; with secrets=True, of the stored znode."""
+        out = {
             "format_version": FORMAT_VERSION,
             "ledger_id": self.ledger_id,
             "state": self.state.value,
@@ -110,9 +116,12 @@ class LedgerMetadata:
             "ctime": self.ctime,
             **({"writer_ensembles": _segments_json(self.writer_ensembles)} if self.writer_ensembles else {}),
         }
+        if secrets and self.password is not None:
+            out["password"] = base64.b64encode(self.password).decode()
+        return out
 
     def serialize(self) -> bytes:
-        return json.dumps(self.to_json_dict(), sort_keys=True).encode()
+        return json.dumps(self.to_json_dict(secrets=True), sort_keys=True).encode()
 
     @classmethod
     def deserialize(cls, data: bytes, *, version: int = -1) -> LedgerMetadata:
@@ -136,6 +145,7 @@ class LedgerMetadata:
                 custom_metadata={k: base64.b64decode(v) for k, v in d.get("custom_metadata", {}).items()},
                 ctime=int(d["ctime"]),
                 writer_ensembles=_segments(d["writer_ensembles"]) if "writer_ensembles" in d else None,
+                password=base64.b64decode(d["password"]) if "password" in d else None,
                 version=version,
             )
         except (KeyError, ValueError, TypeError) as e:

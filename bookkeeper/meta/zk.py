@@ -5,6 +5,7 @@ Layout under the root (default /ledgers), see docs/metadata.md:
   available/<bookie_id>           ephemeral: JSON registration (rack, shards)
   available/readonly/<bookie_id>  ephemeral: same, for read-only bookies
   cookies/<bookie_id>             JSON cookie: which directories this bookie id owns
+  decommissioning/<bookie_id>     an operator asked this bookie to turn read-only for good
   idgen/ID-<seq>                  transient sequential nodes: ledger id allocation
   <2 digits>/<4 digits>/L<4 digits>  ledger metadata, hierarchical by the 10-digit id
 
@@ -84,7 +85,7 @@ class ZkMetadataStore:
 
     # -- layout ------------------------------------------------------------
     def ensure_layout(self) -> None:
-        for sub in ("available/readonly", "cookies", "idgen"):
+        for sub in ("available/readonly", "cookies", "idgen", "decommissioning"):
             self.zk.ensure_path(f"{self.root}/{sub}")
         try:
             self.zk.create(f"{self.root}/INSTANCEID", uuid.uuid4().hex.encode())
@@ -160,6 +161,38 @@ class ZkMetadataStore:
     def create_cookie(self, bookie_id: str, cookie: dict[str, Any]) -> None:
         self.zk.create(f"{self.root}/cookies/{bookie_id}", json.dumps(cookie, sort_keys=True).encode())
 
+    def delete_cookie(self, bookie_id: str) -> None:
+        """Forget a bookie id for good (decommission): it may start again only on empty disks."""
+        try:
+            self.zk.delete(f"{self.root}/cookies/{bookie_id}")
+        except NoNodeError:
+            pass
+
+    def list_cookies(self) -> list[str]:
+        """Every bookie id that ever started and was not decommissioned."""
+        try:
+            return sorted(self.zk.get_children(f"{self.root}/cookies"))
+        except NoNodeError:
+            return []
+
+    # -- decommissioning ---------------------------------------------------------
+    def decommissioning_path(self, bookie_id: str) -> str:
+        """Present while an operator decommissions this bookie: the bookie watches it and stays
+        read-only (across restarts) while it exists."""
+        return f"{self.root}/decommissioning/{bookie_id}"
+
+    def set_decommissioning(self, bookie_id: str) -> None:
+        try:
+            self.zk.create(self.decommissioning_path(bookie_id), b"", makepath=True)
+        except NodeExistsError:
+            pass
+
+    def clear_decommissioning(self, bookie_id: str) -> None:
+        try:
+            self.zk.delete(self.decommissioning_path(bookie_id))
+        except NoNodeError:
+            pass
+
     # -- ledger ids and metadata ---------------------------------------------
     def allocate_ledger_id(self) -> int:
         """A cluster-unique ledger id from a ZooKeeper sequential node."""
@@ -208,6 +241,27 @@ class ZkMetadataStore:
         if not 0 <= ledger_id <= MAX_LEDGER_ID:
             return False
         return self.zk.exists(ledger_path(self.root, ledger_id)) is not None
+
+    # -- buckets (garbage collection) ---------------------------------------------
+    def ledger_bucket(self, ledger_id: int) -> str:
+        """The znode whose children are the ledger's metadata and its up to 9,999 neighbours'."""
+        return ledger_path(self.root, ledger_id).rsplit("/", 1)[0]
+
+    def bucket_version(self, bucket: str) -> int | None:
+        """The zxid of the bucket's last child change (pzxid: moved by every create and delete
+        under it, and never repeated, even by a bucket deleted and made again), or None if the
+        bucket is gone (all its ledgers deleted). One small read."""
+        stat = self.zk.exists(bucket)
+        return None if stat is None else stat.pzxid
+
+    def bucket_ledgers(self, bucket: str) -> tuple[int, list[int]] | None:
+        """(pzxid, the 4-digit suffixes of its ledgers, sorted) of a bucket in one read, or None
+        if it is gone. The suffix is the ledger id modulo 10^4 (docs/metadata.md)."""
+        try:
+            names, stat = self.zk.get_children(bucket, include_data=True)
+        except NoNodeError:
+            return None
+        return stat.pzxid, sorted(int(n[1:]) for n in names if n.startswith("L") and n[1:].isdigit())
 
     def list_ledgers(self) -> Iterator[int]:
         """Ledger ids in ascending order, walking the hierarchy level by level."""

@@ -95,6 +95,10 @@ class Journal:
         self._failed: OSError | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
         self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0}
+        # Called with (records, bytes, seconds) once per block made durable: the shard's metrics.
+        self.observe_batch: Callable[[int, int, float], None] | None = None
+        self._inflight_started = 0.0
+        self._inflight_size = (0, 0)
 
     # -- files -------------------------------------------------------------
     def _path(self, file_id: int) -> Path:
@@ -284,6 +288,8 @@ class Journal:
         self.stats["blocks"] += 1
         self.stats["records"] += batch.count
         self.stats["bytes"] += len(block)
+        self._inflight_size = (batch.count, len(block))
+        self._inflight_started = time.monotonic()
         self.syncer.submit(self._fd, block, offset, self._on_synced)
 
     def _on_synced(self, err: OSError | None) -> None:
@@ -295,6 +301,8 @@ class Journal:
         if err is not None:
             self._fail(err, items)
         else:
+            if self.observe_batch is not None:
+                self.observe_batch(*self._inflight_size, time.monotonic() - self._inflight_started)
             try:
                 if self._pos >= self.file_max_bytes:
                     self._open_new_file()  # roll while nothing is in flight
