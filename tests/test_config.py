@@ -226,6 +226,18 @@ def test_gc_wait_time_alias_converts_milliseconds_to_seconds(tmp_path: Path) -> 
     assert load(tmp_path, f'metadata_uri = "{URI}"\ngcWaitTime = 1500\n').gc_interval_s == pytest.approx(1.5)
 
 
+def test_apache_names_of_space_disk_and_recovery_keys(tmp_path: Path) -> None:
+    """Apache BookKeeper's names (and units: milliseconds where it uses them) are accepted."""
+    c = load(tmp_path, f'metadata_uri = "{URI}"\nlogSizeLimit = 1048576\nminorCompactionThreshold = 0.1\n'
+                       'majorCompactionThreshold = 0.5\ndiskUsageThreshold = 0.9\ndiskUsageWarnThreshold = 0.88\n'
+                       'diskUsageLwmThreshold = 0.8\ndiskCheckInterval = 2500\nautoRecoveryDaemonEnabled = true\n'
+                       'lostBookieRecoveryDelay = 7\nopenLedgerRereplicationGracePeriod = 30000\n')
+    assert (c.entry_log_max_bytes, c.minor_compaction_threshold, c.major_compaction_threshold) == (1 << 20, 0.1, 0.5)
+    assert (c.disk_usage_threshold, c.disk_usage_warn, c.disk_usage_lwm) == (0.9, 0.88, 0.8)
+    assert c.disk_check_interval_s == 2.5 and c.autorecovery is True
+    assert c.lost_bookie_delay_s == 7 and c.open_ledger_rereplication_grace_s == 30.0
+
+
 # -- bad values -------------------------------------------------------------------------------
 
 
@@ -249,6 +261,15 @@ def test_gc_wait_time_alias_converts_milliseconds_to_seconds(tmp_path: Path) -> 
     ("shards = 2\nshard_ports = [1, 2, 3]", "shard_ports"),
     ("tls_enabled = true", "tls_enabled"),
     ('auth_provider = "sasl"', "auth_provider"),
+    ("entry_log_max_bytes = 1000", "entry_log_max_bytes"),
+    ("minor_compaction_threshold = 0.9", "minor_compaction_threshold"),  # above major's 0.8
+    ("major_compaction_threshold = 1.5", "major_compaction_threshold"),
+    ("disk_usage_lwm = 0.97", "disk_usage_lwm"),  # above the threshold: no hysteresis
+    ("disk_usage_threshold = 1.2", "disk_usage_threshold"),
+    ("compaction_rate_mb_s = 0", "compaction_rate_mb_s"),
+    ("disk_check_interval_s = -1", "disk_check_interval_s"),
+    ("lost_bookie_delay_s = -5", "lost_bookie_delay_s"),
+    ('autorecovery = "perhaps"', "autorecovery"),
 ])
 def test_bad_value_gives_config_error_naming_the_key(tmp_path: Path, line: str, key: str) -> None:
     """An invalid value raises ConfigError whose message names the offending key."""

@@ -301,8 +301,10 @@ class Supervisor:
                     self._restart_shard(i)
                     woken = True
             if woken or time.monotonic() >= next_check:
-                next_check = time.monotonic() + self.cfg.disk_check_interval_s
+                # A failed shard is looked at every second (its restart waits on its disk);
+                # otherwise every disk_check_interval_s.
                 self._evaluate()
+                next_check = time.monotonic() + (1.0 if self.failed_shards else self.cfg.disk_check_interval_s)
 
     def _restart_shard(self, index: int) -> None:
         log.warning("shard %d exited (code %s): restarting", index, self.procs[index].returncode)

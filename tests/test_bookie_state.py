@@ -1,0 +1,138 @@
+"""The bookie's decisions as tables: disk thresholds with hysteresis, the read-only state,
+which compaction a GC pass runs; and the deleted-ledger finder against a real ZooKeeper.
+
+Reference: Apache BookKeeper LedgerDirsMonitor (warn / threshold / low-water mark),
+BookieStateManager, GarbageCollectorThread (minor / major compaction); docs/operations.md.
+"""
+from __future__ import annotations
+
+import pytest
+
+from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
+from bookkeeper.bookie.metrics import Histogram, families
+from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, next_dir_state
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
+from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.testing.zookeeper import ZooKeeperServer
+
+T = {"warn": 0.90, "threshold": 0.95, "lwm": 0.85}
+
+
+@pytest.mark.parametrize("was_full, usage, full, warned", [
+    (False, 0.10, False, False),
+    (False, 0.90, False, True),    # warned only
+    (False, 0.9499, False, True),
+    (False, 0.95, True, True),     # at the threshold: full
+    (True, 0.94, True, True),      # full stays full above the low-water mark ...
+    (True, 0.85, True, False),     # ... and at it
+    (True, 0.8499, False, False),  # under it: writable again
+    (False, 1.0, True, True),
+])
+def test_dir_state_has_hysteresis(was_full: bool, usage: float, full: bool, warned: bool) -> None:
+    now = next_dir_state(DirState("/d", "ledger", full=was_full), usage, **T)
+    assert (now.full, now.warned, now.usage, now.path, now.kind) == (full, warned, usage, "/d", "ledger")
+
+
+def _dirs(journal_full: bool, *ledger_full: bool) -> list[DirState]:
+    return [DirState("/j", "journal", 0.99 if journal_full else 0.5, journal_full),
+            *(DirState(f"/l{i}", "ledger", 0.99 if f else 0.5, f) for i, f in enumerate(ledger_full))]
+
+
+@pytest.mark.parametrize("forced, decom, dirs, failed, state, reason", [
+    (False, False, _dirs(False, False), {}, WRITABLE, None),
+    (True, False, _dirs(False, False), {}, READONLY, "configuration"),
+    (False, True, _dirs(False, False), {}, READONLY, "decommissioned"),
+    (False, False, _dirs(True, False), {}, READONLY, "journal dir /j"),
+    (False, False, _dirs(False, True), {}, READONLY, "every ledger dir is full"),
+    (False, False, _dirs(False, True, False), {}, WRITABLE, None),   # one dir with room: new logs go there
+    (False, False, _dirs(False, True, True), {}, READONLY, "every ledger dir is full"),
+    (False, False, _dirs(False, False), {1: "journal failed: ENOSPC"}, READONLY, "shard 1 failed: journal failed"),
+    (False, False, _dirs(False, False), {2: "b", 0: "a"}, READONLY, "shard 0 failed: a"),
+    (True, True, _dirs(True, True), {0: "x"}, READONLY, "configuration"),  # the first rule's reason is given
+    (False, True, _dirs(True, False), {}, READONLY, "decommissioned"),
+])
+def test_bookie_state(forced: bool, decom: bool, dirs: list[DirState], failed: dict[int, str], state: str,
+                      reason: str | None) -> None:
+    got_state, got_reason = bookie_state(forced=forced, decommissioning=decom, dirs=dirs, failed_shards=failed)
+    assert got_state == state
+    assert (got_reason is None) if reason is None else (reason in got_reason)
+
+
+P = {"minor_threshold": 0.2, "minor_interval_s": 3600.0, "major_threshold": 0.8, "major_interval_s": 86400.0}
+
+
+@pytest.mark.parametrize("now, last_minor, last_major, force, overrides, plan", [
+    (100.0, 0.0, 0.0, False, {}, None),                      # nothing due
+    (3600.0, 0.0, 0.0, False, {}, ("minor", 0.2)),
+    (86400.0, 0.0, 0.0, False, {}, ("major", 0.8)),           # both due: major covers minor
+    (86400.0, 86000.0, 0.0, False, {}, ("major", 0.8)),
+    (10.0, 0.0, 0.0, True, {}, ("major", 0.8)),               # an operator's pass runs the highest kind
+    (10.0, 0.0, 0.0, True, {"major_threshold": 0.0}, ("minor", 0.2)),
+    (86400.0, 0.0, 0.0, False, {"major_threshold": 0.0}, ("minor", 0.2)),
+    (10.0, 0.0, 0.0, True, {"major_threshold": 0.0, "minor_threshold": 0.0}, None),  # both off
+])
+def test_compaction_plan(now: float, last_minor: float, last_major: float, force: bool,
+                         overrides: dict[str, float], plan: tuple[str, float] | None) -> None:
+    assert compaction_plan(now, last_minor=last_minor, last_major=last_major, force=force,
+                           **{**P, **overrides}) == plan
+
+
+def test_histogram_exposition_is_cumulative() -> None:
+    h = Histogram((0.001, 0.01))
+    h.observe(0.0005)
+    h.observe(0.005, 3)
+    h.observe(5.0)
+    (fam,) = [f for f in families({0: {"histograms": {"add_entry_latency_seconds": h.snapshot()}}})
+              if f.name == "bookkeeper_add_entry_latency_seconds"]
+    buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0.001": 1, "0.01": 4, "+Inf": 5}
+    assert {s.name: s.value for s in fam.samples if not s.name.endswith("_bucket")} == pytest.approx(
+        {"bookkeeper_add_entry_latency_seconds_count": 5, "bookkeeper_add_entry_latency_seconds_sum": 5.0155})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    with ZooKeeperServer(tmp_path_factory.mktemp("zk")) as zk:
+        s = ZkMetadataStore(zk.metadata_uri())
+        try:
+            yield s
+        finally:
+            s.close()
+
+
+def _create(store: ZkMetadataStore, lid: int) -> None:
+    store.create_ledger(LedgerMetadata(ledger_id=lid, ensemble_size=1, write_quorum=1, ack_quorum=1,
+                                       digest=DigestType.CRC32C, password_digest="x", ensembles={0: ["b"]}))
+
+
+def test_finder_reads_one_stat_per_bucket_and_lists_only_changed_buckets(store: ZkMetadataStore) -> None:
+    """Held ledgers in two buckets: the first cycle lists both; an unchanged cycle only stats them;
+    a deletion re-lists only its bucket; a bucket emptied (and removed) drops all it held; a
+    ledger created after a listing is never taken for deleted; ids never created are."""
+    a = [10_000 + i for i in range(5)]   # bucket 00/0001
+    b = [20_000 + i for i in range(3)]   # bucket 00/0002
+    for lid in a + b:
+        _create(store, lid)
+    finder = DeletedLedgerFinder(store)
+    gone, st = finder.find(a + b)
+    assert gone == [] and (st.stat_reads, st.list_reads) == (2, 2)
+    gone, st = finder.find(a + b)
+    assert gone == [] and (st.stat_reads, st.list_reads) == (2, 0)
+    store.delete_ledger(a[0])
+    gone, st = finder.find(a + b)
+    assert gone == [a[0]] and (st.stat_reads, st.list_reads) == (2, 1)
+    late = 10_042
+    _create(store, late)  # created after the last listing of its bucket: must be relisted, not dropped
+    gone, st = finder.find(a[1:] + b + [late])
+    assert gone == [] and st.list_reads == 1
+    never = 20_077  # a held id whose metadata never existed, in an unchanged bucket
+    gone, _ = finder.find(a[1:] + b + [late, never])
+    assert gone == [never]
+    for lid in b:
+        store.delete_ledger(lid)  # the last one removes the bucket znode
+    gone, _ = finder.find(a[1:] + b + [late])
+    assert sorted(gone) == b
+    for lid in b[:1]:
+        _create(store, lid)  # the bucket made again: a fresh pzxid, never a stale listing
+    gone, _ = finder.find(a[1:] + [late, b[0]])
+    assert gone == []
