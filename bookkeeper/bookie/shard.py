@@ -65,7 +65,8 @@ class Shard:
         self.index = index
         self.supervisor_pid = supervisor_pid
         self.loop = asyncio.get_running_loop()
-        self.storage = LedgerStorage(cfg.shard_ledger_dir(index))  # TEMP until storage API lands
+        self.storage = LedgerStorage(cfg.shard_ledger_dir(index), log_dirs=cfg.shard_ledger_dirs(index),
+                                     entry_log_max_bytes=cfg.entry_log_max_bytes, dir_writable=self._dir_writable)
         self.server = ShardServer(storage=self.storage, shard_index=index, shards=cfg.shards,
                                   max_frame_bytes=cfg.max_frame_bytes, readonly=cfg.readonly,
                                   data_dir=str(cfg.shard_ledger_dir(index)),
@@ -287,8 +288,17 @@ class Shard:
         if gone:
             log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
             self.counters["gc_ledgers_deleted"] += len(gone)
-            await self._checkpoint_now()
+            await self._checkpoint_committed()
         return gone
+
+    async def _checkpoint_committed(self) -> None:
+        """A checkpoint that starts after this call, run to its commit: a running one may have
+        swapped its snapshot before the caller's change, so it is awaited first."""
+        if self._checkpointing is not None and not self._checkpointing.done():
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
+        self.request_checkpoint()
+        assert self._checkpointing is not None
+        await asyncio.shield(self._checkpointing)
 
     async def _compact(self, kind: str, threshold: float) -> dict[str, Any]:
         """Compact entry logs under `threshold` live share in a worker thread, throttled."""

@@ -1,17 +1,26 @@
 """Ledger storage of one shard: write cache -> entry log files + LMDB index.
 
-Lives in: one shard process, used from its event loop thread, except `flush`,
-which a checkpoint runs in a worker thread on a swapped-out snapshot of the
-write cache (so adds never wait for the entry log's fsync).
+Lives in: one shard process, used from its event loop thread, except `flush` and
+`compact`, which run in worker threads (a checkpoint flushes a swapped-out snapshot of
+the write cache, so adds never wait for the entry log's fsync; compaction copies live
+entries without holding the loop).
 
 Why this shape (Apache BookKeeper's DbLedgerStorage): the journal makes an entry
 durable with one sequential write; storage re-writes entries, grouped, to an
 append-only entry log, and an index maps (ledger, entry) -> (log, offset, length).
 LMDB holds the index and the durable per-ledger state (master key, fenced flag,
-LAC) plus the checkpoint mark: the journal position up to which everything is in
-the entry log and index. The mark is committed in the same LMDB transaction as
-the index, after the entry log is fsynced: the invariant is "index and mark never
-point past durable entry-log bytes". Why LMDB: docs/index-store.md.
+LAC), the checkpoint mark (the journal position up to which everything is in the
+entry log and index) and one record per entry log: its committed size and the bytes
+each ledger has in it (what compaction needs to know a log's live share without
+reading it; Apache's EntryLogMetadata, kept in the index instead of a log trailer).
+The mark, the index and the log records commit in one LMDB transaction, after the
+entry log is fsynced: "index, records and mark never point past durable entry-log
+bytes". Why LMDB: docs/index-store.md. Compaction: docs/compaction.md.
+
+Entry logs roll at `entry_log_max_bytes`; a new log goes to the ledger dir with the
+most free space among those under the read-only threshold. A log file with no record
+is one no index entry points into (a crash before its first commit, or after
+compaction committed its removal): it is deleted when the storage opens.
 
 Entry log record (big-endian): u32 length | u64 ledger_id | i64 entry_id | data.
 Entry log file header: 8 bytes magic 'BKELOG01' (version 1: this layout).
@@ -22,19 +31,19 @@ import logging
 import os
 import struct
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 
-from bookkeeper._ext.entrylog import encode_batch
+from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, encode_batch
 from bookkeeper.bookie.files import fsync_dir
+from bookkeeper.bookie.storage.compaction import CompactionResult, Compactor
+from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, LOG_MAGIC, LogInfo
 
 log = logging.getLogger(__name__)
 
-LOG_MAGIC = b"BKELOG01"
-_IDX_KEY = struct.Struct(">QQ")  # entry ids stored are >= 0
-_IDX_VAL = struct.Struct(">IQI")  # log id, offset of the data, length (records: _ext/entrylog.pyx)
 _LEDGER_VAL = struct.Struct(">20sBqq")  # master key, fenced, lac, last stored entry id
 _MARK = struct.Struct(">QQ")
 # What a write-cache entry costs beyond its payload: the (ledger, entry) key tuple, its two
@@ -43,6 +52,7 @@ _MARK = struct.Struct(">QQ")
 ENTRY_OVERHEAD_BYTES = 170
 _FLUSH_CHUNK_BYTES = 8 << 20  # entry-log bytes laid out per encode_batch: bounds the checkpoint's extra memory
 LOG_MAX_BYTES = 1 << 30
+_LOGS_FORMAT = b"logs_format"  # meta key: the per-log records exist (set once, by creation or migration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,22 +75,32 @@ class LedgerState:
 
 
 class LedgerStorage:
-    """Entries and ledger state of one shard (per shard; loop thread except flush)."""
+    """Entries and ledger state of one shard (per shard; loop thread except flush and compact)."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, map_size: int = 1 << 34) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, log_dirs: Iterable[str | os.PathLike[str]] = (),
+                 entry_log_max_bytes: int = LOG_MAX_BYTES, dir_writable: Callable[[Path], bool] | None = None,
+                 map_size: int = 1 << 34) -> None:
+        """`directory` holds the index; entry logs go to `log_dirs` (default: `directory` alone).
+        `dir_writable(path)` says whether a new log may go to a dir (the disk threshold)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.env = lmdb.open(str(self.dir / "index.lmdb"), map_size=map_size, max_dbs=4,
+        self.log_dirs = [Path(d) for d in log_dirs] or [self.dir]
+        for d in self.log_dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        self.entry_log_max_bytes = entry_log_max_bytes
+        self._dir_writable = dir_writable or (lambda _path: True)
+        self.env = lmdb.open(str(self.dir / "index.lmdb"), map_size=map_size, max_dbs=5,
                              subdir=True, sync=True, metasync=True, lock=True)
         self.db_index = self.env.open_db(b"index")
         self.db_ledgers = self.env.open_db(b"ledgers")
         self.db_meta = self.env.open_db(b"meta")
+        self.db_logs = self.env.open_db(b"logs")
         self.ledgers: dict[int, LedgerState] = {}
         self.write_cache: dict[tuple[int, int], bytes] = {}
         self.write_cache_bytes = 0
         self._flushing: dict[tuple[int, int], bytes] = {}
         self._pending_deletes: set[int] = set()
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one writer of the current log and of LMDB at a time
         self._readers: dict[int, int] = {}
         # What LMDB holds of each ledger's state: a checkpoint writes only states that differ.
         self._persisted: dict[int, tuple[bytes, bool, int, int]] = {}
@@ -90,33 +110,131 @@ class LedgerStorage:
                 lid = struct.unpack(">Q", k)[0]
                 self.ledgers[lid] = LedgerState(key, bool(fenced), lac, last)
                 self._persisted[lid] = (key, bool(fenced), lac, last)
-        self._log_id = max((int(p.stem) for p in self.dir.glob("*.log")), default=0)
+        self.logs: dict[int, LogInfo] = {}
+        self._paths: dict[int, Path] = {}  # every log an index entry may point into, set before it may
+        files = self._log_files()
+        self._load_log_records(files)
+        self._log_id = max([*files, *self.logs], default=0)
         self._log_fd = -1
         self._log_pos = 0
         self._open_next_log()
 
-    # -- entry log ---------------------------------------------------------
-    def _log_path(self, log_id: int) -> Path:
-        return self.dir / f"{log_id:08d}.log"
+    # -- entry logs ----------------------------------------------------------
+    def _log_files(self) -> dict[int, Path]:
+        found: dict[int, Path] = {}
+        for d in self.log_dirs:
+            for p in d.glob("*.log"):
+                if p.stem.isdigit():
+                    found[int(p.stem)] = p
+        return found
+
+    def _load_log_records(self, files: dict[int, Path]) -> None:
+        """Load every log's record (building them from the index once, for a store made before
+        records existed), and delete log files no record names: no index entry points into them."""
+        with self.env.begin(db=self.db_meta) as txn:
+            migrated = txn.get(_LOGS_FORMAT) is not None
+        if not migrated:
+            self._migrate(files)
+        with self.env.begin(db=self.db_logs) as txn:
+            for k, v in txn.cursor():
+                log_id = _LOG_KEY.unpack(k)[0]
+                path = files.get(log_id)
+                if path is None:
+                    log.error("entry log %d has a record but no file in %s: its entries are lost", log_id,
+                              [str(d) for d in self.log_dirs])
+                    path = self.log_dirs[0] / f"{log_id:08d}.log"
+                self.logs[log_id] = LogInfo.decode(path, v)
+                self._paths[log_id] = path
+        orphans = [p for log_id, p in files.items() if log_id not in self.logs]
+        for p in orphans:
+            log.info("deleting entry log %s: no index entry points into it", p)
+            p.unlink()
+        for d in {p.parent for p in orphans}:
+            fsync_dir(d)
+
+    def _migrate(self, files: dict[int, Path]) -> None:
+        sizes: dict[int, dict[int, int]] = {}
+        with self.env.begin(write=True) as txn:
+            for k, v in txn.cursor(db=self.db_index):
+                lid = _IDX_KEY.unpack(k)[0]
+                log_id, _off, length = _IDX_VAL.unpack(v)
+                per = sizes.setdefault(log_id, {})
+                per[lid] = per.get(lid, 0) + length + RECORD_HEADER_BYTES
+            for log_id, per in sizes.items():
+                path = files.get(log_id, self.log_dirs[0] / f"{log_id:08d}.log")
+                size = path.stat().st_size if path.exists() else 0
+                txn.put(_LOG_KEY.pack(log_id), LogInfo(path, size, per).encode(), db=self.db_logs)
+            txn.put(_LOGS_FORMAT, b"1", db=self.db_meta)
+        if sizes:
+            log.info("built records of %d entry log(s) from the index (one-time migration)", len(sizes))
+
+    def _pick_dir(self) -> Path:
+        """The ledger dir with the most free space, among those a new log may go to (all of them
+        when none may: a checkpoint must still be able to write what the journal holds). Dirs on
+        one filesystem tie: the one holding fewer of this shard's logs wins, so all are used."""
+        held = {d: 0 for d in self.log_dirs}
+        for p in list(self._paths.values()):
+            if p.parent in held:
+                held[p.parent] += 1
+
+        def rank(d: Path) -> tuple[int, int]:
+            st = os.statvfs(d)
+            return st.f_bavail * st.f_frsize, -held[d]
+        ok = [d for d in self.log_dirs if self._dir_writable(d)] or self.log_dirs
+        return max(ok, key=rank)
 
     def _open_next_log(self) -> None:
-        """A new entry log per start and per LOG_MAX_BYTES: never append after a torn tail."""
+        """A new entry log per start and per entry_log_max_bytes: never append after a torn tail.
+        The previous log was fdatasynced by the flush or compaction that wrote to it."""
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
         self._log_id += 1
-        self._log_fd = os.open(self._log_path(self._log_id), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        d = self._pick_dir()
+        path = d / f"{self._log_id:08d}.log"
+        self._log_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(self._log_fd, LOG_MAGIC)
         os.fsync(self._log_fd)
-        fsync_dir(self.dir)  # the new file's name must survive a power loss too
+        fsync_dir(d)  # the new file's name must survive a power loss too
         self._log_pos = len(LOG_MAGIC)
+        self._log_path = path
+        self._paths[self._log_id] = path
+
+    def _append(self, records: bytes | memoryview) -> int:
+        """Write records at the current log's end (flush lock held); returns their offset."""
+        view, off = memoryview(records), self._log_pos
+        start = off
+        while view:
+            n = os.pwrite(self._log_fd, view, off)
+            view, off = view[n:], off + n
+        self._log_pos = off
+        return start
 
     def _reader_fd(self, log_id: int) -> int:
         fd = self._readers.get(log_id)
         if fd is None:
-            fd = os.open(self._log_path(log_id), os.O_RDONLY)
+            path = self._paths.get(log_id)
+            if path is None:
+                raise FileNotFoundError(f"entry log {log_id} is gone")
+            fd = os.open(path, os.O_RDONLY)
             self._readers[log_id] = fd
         return fd
+
+    def release_logs(self, log_ids: Iterable[int]) -> None:
+        """Close cached readers of deleted logs (loop thread), so their space is freed."""
+        for log_id in log_ids:
+            fd = self._readers.pop(log_id, None)
+            if fd is not None:
+                os.close(fd)
+
+    def log_usage(self) -> dict[int, tuple[str, int, int]]:
+        """log id -> (path, size, live bytes): live counts the ledgers this shard still holds."""
+        ledgers = self.ledgers
+        out = {}
+        for log_id, info in list(self.logs.items()):
+            live = sum(n for lid, n in info.ledgers.items() if lid in ledgers)
+            out[log_id] = (str(info.path), info.size, live)
+        return out
 
     # -- ledger state --------------------------------------------------------
     def ledger(self, ledger_id: int) -> LedgerState | None:
@@ -150,12 +268,20 @@ class LedgerStorage:
             data = self._flushing.get(key)
         if data is not None:
             return data
-        with self.env.begin(db=self.db_index) as txn:
-            v = txn.get(_IDX_KEY.pack(ledger_id, entry_id))
-        if v is None:
-            return None
-        log_id, offset, length = _IDX_VAL.unpack(v)
-        return os.pread(self._reader_fd(log_id), length, offset)
+        for attempt in (0, 1):
+            with self.env.begin(db=self.db_index) as txn:
+                v = txn.get(_IDX_KEY.pack(ledger_id, entry_id))
+            if v is None:
+                return None
+            log_id, offset, length = _IDX_VAL.unpack(v)
+            try:
+                return os.pread(self._reader_fd(log_id), length, offset)
+            except FileNotFoundError:
+                if attempt:
+                    raise
+                # Compaction moved the entry and deleted its old log between the lookup and the
+                # open: the index now points at the copy.
+        return None
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id this shard stores for the ledger, or -1."""
@@ -177,35 +303,63 @@ class LedgerStorage:
         self._pending_deletes = set()
         return snap
 
+    def _roll_if_full(self) -> bool:
+        """Roll to a new log once the current one reached its size (flush lock held, its bytes
+        fdatasynced by the caller). True when it rolled."""
+        if self._log_pos < self.entry_log_max_bytes:
+            return False
+        self._open_next_log()
+        return True
+
+    def _room(self) -> int:
+        return max(1, self.entry_log_max_bytes - self._log_pos)
+
     def flush(self, snapshot: Snapshot, mark: tuple[int, int]) -> None:
-        """Write a snapshot to the entry log, fsync, then commit index + state + deletions + mark
-        in one LMDB transaction (worker thread)."""
+        """Write a snapshot to the entry log(s), fsync, then commit index + log records + state +
+        deletions + mark in one LMDB transaction (worker thread)."""
         snap, states, deletes = snapshot.entries, snapshot.states, snapshot.deletes
         with self._flush_lock, self.env.begin(write=True) as txn:
             # The index goes into the transaction chunk by chunk, but it commits only after the
-            # entry log's fdatasync: the index never points past durable entry-log bytes.
+            # entry logs' fdatasync: the index never points past durable entry-log bytes.
             if snap:
-                if self._log_pos > LOG_MAX_BYTES:
-                    self._open_next_log()
+                written: dict[int, tuple[Path, dict[int, int], int]] = {}
                 cursor = txn.cursor(db=self.db_index)
                 keys = sorted(snap)
-                pos, start = self._log_pos, 0
+                start = 0
                 while start < len(keys):
-                    records, index, pos, start = encode_batch(keys, start, snap, self._log_id, pos,
-                                                              _FLUSH_CHUNK_BYTES)
-                    view, off = memoryview(records), pos - len(records)
-                    while view:
-                        n = os.pwrite(self._log_fd, view, off)
-                        view, off = view[n:], off + n
+                    if self._log_pos >= self.entry_log_max_bytes:
+                        os.fdatasync(self._log_fd)
+                        self._roll_if_full()
+                    first = start
+                    records, index, pos, start = encode_batch(keys, start, snap, self._log_id, self._log_pos,
+                                                              min(_FLUSH_CHUNK_BYTES, self._room()))
+                    self._append(records)
                     cursor.putmulti(index)
+                    _path, per, _size = written.get(self._log_id, (self._log_path, {}, 0))
+                    for i in range(first, start):
+                        lid = keys[i][0]
+                        per[lid] = per.get(lid, 0) + len(snap[keys[i]]) + RECORD_HEADER_BYTES
+                    written[self._log_id] = (self._log_path, per, self._log_pos)
                 os.fdatasync(self._log_fd)
-                self._log_pos = pos
+                infos = self._merge_written(written)
+                for log_id, info in infos.items():
+                    txn.put(_LOG_KEY.pack(log_id), info.encode(), db=self.db_logs)
+            else:
+                infos = {}
             for lid, st in states.items():
                 txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
                                                                  st.last_entry), db=self.db_ledgers)
             for lid in deletes:
                 self._delete_in(txn, lid)
             txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
+        self.logs.update(infos)  # committed: compaction and stats may count these bytes now
+
+    def _merge_written(self, written: dict[int, tuple[Path, dict[int, int], int]]) -> dict[int, LogInfo]:
+        out = {}
+        for log_id, (path, per, size) in written.items():
+            base = self.logs.get(log_id) or LogInfo(path, 0, {})
+            out[log_id] = base.plus(per, size)
+        return out
 
     def flush_done(self, snapshot: Snapshot) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
@@ -250,6 +404,14 @@ class LedgerStorage:
                 if not cur.delete():
                     break
 
+    # -- compaction ----------------------------------------------------------
+    def compact(self, threshold: float, *, rate_bytes_s: float = 0.0,
+                on_step: Callable[[str, int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> CompactionResult:
+        """Rewrite or delete every closed entry log whose live share is under `threshold`
+        (worker thread). See compaction.py for the steps and why each is crash-safe."""
+        return Compactor(self, rate_bytes_s=rate_bytes_s, on_step=on_step, should_stop=should_stop).run(threshold)
+
     def close(self) -> None:
         for fd in self._readers.values():
             os.close(fd)
@@ -258,3 +420,4 @@ class LedgerStorage:
             os.close(self._log_fd)
             self._log_fd = -1
         self.env.close()
+
