@@ -162,7 +162,15 @@ class Compactor:
         """One transaction: index entries still at their old copy move to the new one; target
         logs' records gain the bytes that moved; the old log's record goes."""
         st = self.st
-        with st._flush_lock, st.env.begin(write=True) as txn:
+        with st._flush_lock:
+            infos = self._switch_in(log_id, copies)
+            st.logs.update(infos)
+            st.logs.pop(log_id, None)
+            st._paths.pop(log_id, None)  # a reader that looked up the old copy retries (get_entry)
+
+    def _switch_in(self, log_id: int, copies: list[tuple[bytes, bytes, bytes, int, int]]) -> dict[int, LogInfo]:
+        st = self.st
+        with st.env.begin(write=True) as txn:
             gained: dict[int, dict[int, int]] = {}
             for key, was, now, target, nbytes in copies:
                 if txn.get(key, db=st.db_index) != was:
@@ -178,9 +186,7 @@ class Compactor:
                 infos[target] = base.plus(per, max(base.size, end))
                 txn.put(_LOG_KEY.pack(target), infos[target].encode(), db=st.db_logs)
             txn.delete(_LOG_KEY.pack(log_id), db=st.db_logs)
-        st.logs.update(infos)
-        st.logs.pop(log_id, None)
-        st._paths.pop(log_id, None)  # a reader that looked up the old copy retries (get_entry)
+        return infos
 
     def _unlink(self, path: Path) -> int:
         try:

@@ -318,7 +318,14 @@ class LedgerStorage:
         """Write a snapshot to the entry log(s), fsync, then commit index + log records + state +
         deletions + mark in one LMDB transaction (worker thread)."""
         snap, states, deletes = snapshot.entries, snapshot.states, snapshot.deletes
-        with self._flush_lock, self.env.begin(write=True) as txn:
+        with self._flush_lock:
+            infos = self._flush_in(snap, states, deletes, mark)
+            self.logs.update(infos)  # committed: compaction and stats may count these bytes now
+
+    def _flush_in(self, snap: dict[tuple[int, int], bytes], states: dict[int, LedgerState], deletes: set[int],
+                  mark: tuple[int, int]) -> dict[int, LogInfo]:
+        """flush's transaction (flush lock held); returns the records it committed."""
+        with self.env.begin(write=True) as txn:
             # The index goes into the transaction chunk by chunk, but it commits only after the
             # entry logs' fdatasync: the index never points past durable entry-log bytes.
             if snap:
@@ -331,7 +338,7 @@ class LedgerStorage:
                         os.fdatasync(self._log_fd)
                         self._roll_if_full()
                     first = start
-                    records, index, pos, start = encode_batch(keys, start, snap, self._log_id, self._log_pos,
+                    records, index, _end, start = encode_batch(keys, start, snap, self._log_id, self._log_pos,
                                                               min(_FLUSH_CHUNK_BYTES, self._room()))
                     self._append(records)
                     cursor.putmulti(index)
@@ -352,7 +359,7 @@ class LedgerStorage:
             for lid in deletes:
                 self._delete_in(txn, lid)
             txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
-        self.logs.update(infos)  # committed: compaction and stats may count these bytes now
+        return infos
 
     def _merge_written(self, written: dict[int, tuple[Path, dict[int, int], int]]) -> dict[int, LogInfo]:
         out = {}
