@@ -375,3 +375,55 @@ def test_bookies_can_stop_refuses_while_an_open_ledger_would_have_no_replacement
             assert_ok(bk("bookies", "can-stop", victim, uri=cluster.metadata_uri))
             assert_one_line_error(bk("bookies", "can-stop", victim, "--min-writable", "2", uri=cluster.metadata_uri))
     run(main())
+
+
+# -- auto-recovery commands: read-only views and bad input (docs/autorecovery.md) ------------
+def test_autorecovery_status_and_list_on_a_cluster_without_auto_recovery(cluster5: LocalCluster) -> None:
+    """No bookie runs auto-recovery here: no auditor, nothing marked, every bookie writable."""
+    r = bk("autorecovery", "status", "--json", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    status = json.loads(r.out)
+    assert status["auditor"] is None and status["candidates"] == 0 and status["under_replicated"] == 0
+    assert status["enabled"] is True and len(status["bookies"]["writable"]) == len(cluster5.bookies)
+    r = bk("autorecovery", "list", "--json", uri=cluster5.metadata_uri)
+    assert_ok(r)
+    assert json.loads(r.out) == []
+    assert_ok(bk("autorecovery", "status", uri=cluster5.metadata_uri))
+
+
+@pytest.mark.parametrize("command", ["recover", "decommission"])
+def test_recover_and_decommission_of_an_unknown_bookie_change_nothing(cluster5: LocalCluster, command: str) -> None:
+    """A bookie id with no cookie, registration, marker or ledger: one line, exit 1, no
+    decommissioning marker and no under-replication mark left behind."""
+    line = assert_one_line_error(bk(command, "10.9.9.9:1", uri=cluster5.metadata_uri), mentions="unknown bookie")
+    assert "10.9.9.9:1" in line
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster5.zk.connect_string)
+    zk.start(timeout=10)
+    try:
+        assert zk.exists("/ledgers/decommissioning/10.9.9.9:1") is None
+        assert not zk.exists("/ledgers/underreplication/ledgers") or \
+            zk.get_children("/ledgers/underreplication/ledgers") == []
+    finally:
+        zk.stop()
+        zk.close()
+
+
+@pytest.mark.parametrize("http", ["localhost", "localhost:http", ":8000", "127.0.0.1:0", "127.0.0.1:70000"])
+def test_bookie_gc_with_a_bad_host_port_is_a_usage_error(http: str) -> None:
+    r = bk("bookie", "gc", "--http", http)
+    assert r.returncode == 2
+    assert_one_line_error(r, mentions="HOST:PORT")
+
+
+def test_bookie_without_conf_or_sub_command_is_a_usage_error() -> None:
+    r = bk("bookie")
+    assert r.returncode == 2
+    assert_one_line_error(r, mentions="--conf")
+
+
+@pytest.mark.parametrize("bookie_id", ["", "a/b", "readonly"])
+def test_recover_of_what_cannot_be_a_bookie_id_is_a_usage_error(cluster5: LocalCluster, bookie_id: str) -> None:
+    r = bk("recover", bookie_id, uri=cluster5.metadata_uri)
+    assert r.returncode == 2
+    assert_one_line_error(r, mentions="not a bookie id")

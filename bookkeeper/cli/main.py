@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -210,10 +211,188 @@ async def simpletest(bk: Any, *, ensemble: int, write_quorum: int, ack_quorum: i
     return 0
 
 
+# -- auto-recovery (docs/autorecovery.md) -------------------------------------------
+def _urm(bk: Any) -> Any:
+    from bookkeeper.meta.underreplication import UnderReplicationManager
+
+    return UnderReplicationManager(bk.store)
+
+
+def cmd_autorecovery_run(args: argparse.Namespace) -> int:
+    """An auditor candidate and a replication worker in the foreground, until SIGTERM/SIGINT."""
+    from bookkeeper.autorecovery import AutoRecoveryService
+    from bookkeeper.meta.zk import ZkMetadataStore
+
+    uri = _uri(args)
+    ZkMetadataStore(uri, create=False).close()  # a wrong URI is an error now, not retries forever
+    logging.getLogger().setLevel(logging.INFO)
+    service = AutoRecoveryService(uri, lost_bookie_delay_s=args.lost_bookie_delay_s,
+                                  open_ledger_rereplication_grace_s=args.open_ledger_grace_s,
+                                  audit_interval_s=args.audit_interval_s)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    service.start()
+    err.print(f"auto-recovery running (pid {os.getpid()}); SIGTERM or Ctrl-C stops it")
+    while not stop.wait(0.5):
+        pass
+    service.stop()
+    return 0
+
+
+@_with_client
+async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
+    """What ZooKeeper says: the flag, the auditor, the marks, the locks, absent bookies."""
+    urm = _urm(bk)
+    store = bk.store
+
+    def look() -> dict[str, Any]:
+        candidates = urm.candidates()
+        auditor = urm.candidate_info(candidates[0]) if candidates else None
+        writable, readonly = store.bookie_ids(), store.bookie_ids(readonly=True)
+        return {"enabled": urm.is_enabled(),
+                "auditor": {"node": candidates[0], **auditor} if auditor else None,
+                "candidates": len(candidates), "under_replicated": urm.count(), "locked": urm.locked_count(),
+                "bookies": {"writable": sorted(writable), "readonly": sorted(readonly),
+                            "absent": sorted(set(store.list_cookies()) - writable - readonly)}}
+    status = await bk._run(look)
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    table = Table("", "")
+    table.add_row("enabled", str(status["enabled"]))
+    a = status["auditor"]
+    table.add_row("auditor", f"{a['node']} ({a.get('hostname')}, pid {a.get('pid')})" if a else "none elected")
+    table.add_row("candidates", str(status["candidates"]))
+    table.add_row("under-replicated ledgers", str(status["under_replicated"]))
+    table.add_row("ledgers being replicated", str(status["locked"]))
+    for kind in ("writable", "readonly", "absent"):
+        table.add_row(f"bookies {kind}", " ".join(status["bookies"][kind]) or "-")
+    out.print(table)
+    return 0
+
+
+@_with_client
+async def cmd_autorecovery_enable(bk: Any, args: argparse.Namespace) -> int:
+    await bk._run(_urm(bk).set_enabled, args.autorecovery_cmd == "enable")
+    print(f"auto-recovery {args.autorecovery_cmd}d")
+    return 0
+
+
+@_with_client
+async def cmd_autorecovery_list(bk: Any, args: argparse.Namespace) -> int:
+    """Under-replicated ledgers and the bookies each misses."""
+    urm = _urm(bk)
+
+    def marks() -> list[dict[str, Any]]:
+        found = (urm.get_mark(lid) for lid in urm.marked_ledgers())
+        return [m.to_json() for m in found if m is not None]
+    rows = await bk._run(marks)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table("ledger", "missing", "forced", "marked")
+    for r in rows:
+        table.add_row(str(r["ledger_id"]), " ".join(r["missing"]), " ".join(r["forced"]) or "-",
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["marked_ms"] / 1000)))
+    out.print(table)
+    return 0
+
+
+def _print_ledger(result: Any) -> None:
+    what = "deleted meanwhile" if result.outcome.value == "gone" else "done"
+    print(f"ledger {result.ledger_id}: {what} ({result.fragments} fragment(s), {result.entries} entries copied by "
+          f"this command, {result.seconds:.2f} s)", flush=True)
+
+
+def _print_note(message: str) -> None:
+    print(message, flush=True)
+
+
+def _check_bookie_id(bookie_id: str) -> None:
+    """A bookie id is a znode name (docs/metadata.md): refuse what cannot be one, before any read."""
+    if not bookie_id.strip() or "/" in bookie_id or bookie_id in ("readonly", ".", ".."):
+        raise UsageError(f"not a bookie id: {bookie_id!r}")
+
+
+@_with_client
+async def cmd_recover(bk: Any, args: argparse.Namespace) -> int:
+    """Move every copy a (dead) bookie holds to other bookies, printing each ledger."""
+    from bookkeeper.autorecovery.operations import recover_bookie
+
+    _check_bookie_id(args.bookie_id)
+    summary = await recover_bookie(bk, args.bookie_id, grace_s=args.open_ledger_grace_s, timeout_s=args.timeout_s,
+                                   on_ledger=_print_ledger, on_note=_print_note)
+    print(f"recovered {args.bookie_id}: {summary.ledgers} ledger(s), {summary.fragments} fragment(s), "
+          f"{summary.entries} entries copied in {summary.seconds:.1f} s; no ledger names it")
+    return 0
+
+
+@_with_client
+async def cmd_decommission(bk: Any, args: argparse.Namespace) -> int:
+    """Read-only, every copy moved, cookie deleted (docs/autorecovery.md, "Decommission")."""
+    from bookkeeper.autorecovery.operations import decommission_bookie
+
+    _check_bookie_id(args.bookie_id)
+    cleared = await decommission_bookie(bk, args.bookie_id, grace_s=args.open_ledger_grace_s,
+                                        readonly_timeout_s=args.readonly_timeout_s, timeout_s=args.timeout_s,
+                                        on_ledger=_print_ledger, on_note=_print_note)
+    print(f"decommissioned {args.bookie_id}: no ledger names it, its cookie is deleted")
+    if not cleared:
+        print(f"{args.bookie_id} is still running (read-only): stop it, then run `bk decommission {args.bookie_id}` "
+              f"again to remove its decommissioning marker")
+    return 0
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); anything else is a usage error."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--http wants HOST:PORT (the bookie's http_port), got {text!r}")
+    return host, int(port)
+
+
+def cmd_bookie_gc(args: argparse.Namespace) -> int:
+    """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed."""
+    import urllib.error
+    import urllib.request
+
+    from bookkeeper.errors import BookieUnavailableError
+
+    host, port = _host_port(args.http)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/api/v1/bookie/gc"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
+                                    timeout=args.timeout_s) as r:
+            result = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise BKError(f"{url}: HTTP {e.code} {e.read()[:200].decode('utf-8', 'replace').strip()}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise BookieUnavailableError(f"cannot reach the admin HTTP at {host}:{port}: {reason}") from None
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    table = Table("ledgers deleted", "logs compacted", "logs deleted", "entries copied", "bytes copied",
+                  "bytes reclaimed", "duration s")
+    table.add_row(*(str(result.get(k, 0)) for k in ("ledgers_deleted", "logs_compacted", "logs_deleted",
+                                                    "entries_copied", "bytes_copied", "bytes_reclaimed")),
+                  f"{result.get('duration_s', 0.0):.2f}")
+    out.print(table)
+    if result.get("shards_failed"):
+        _error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
+        return 1
+    return 0
+
+
 # -- servers -----------------------------------------------------------------------
 def cmd_bookie(args: argparse.Namespace) -> int:
     from bookkeeper.bookie.supervisor import run_bookie
     from bookkeeper.config import BookieConfig
+
+    if not args.conf:
+        raise UsageError("bk bookie needs --conf FILE.toml (or a sub-command: gc)")
 
     logging.getLogger().setLevel(logging.INFO)
     overrides = {"metadata_uri": getattr(args, "metadata_uri", None)}
@@ -340,6 +519,52 @@ class _null:
 
 
 # -- parser ------------------------------------------------------------------------
+def _add_bookie_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`bookie --conf F` runs a bookie; `bookie gc --http HOST:PORT` acts on a running one."""
+    s = sub.add_parser("bookie", parents=[common], help="run one bookie (--conf), or act on a running one")
+    s.add_argument("--conf", default=None)
+    s.set_defaults(func=cmd_bookie)
+    bsub = s.add_subparsers(dest="bookie_cmd", required=False)
+    s = bsub.add_parser("gc", parents=[common], help="run a GC pass on a bookie, print what it reclaimed")
+    s.add_argument("--http", required=True, metavar="HOST:PORT", help="the bookie's admin HTTP (http_port)")
+    s.add_argument("--timeout-s", type=float, default=3600.0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_bookie_gc)
+
+
+def _add_autorecovery_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`autorecovery run|status|enable|disable|list`, `recover`, `decommission` (docs/autorecovery.md)."""
+    s = sub.add_parser("autorecovery", parents=[common], help="auditor and replication workers (docs/autorecovery.md)")
+    asub = s.add_subparsers(dest="autorecovery_cmd", required=True)
+    s = asub.add_parser("run", parents=[common], help="an auditor candidate and a replication worker, foreground")
+    s.add_argument("--lost-bookie-delay-s", type=float, default=30.0)
+    s.add_argument("--open-ledger-grace-s", type=float, default=30.0)
+    s.add_argument("--audit-interval-s", type=float, default=5.0)
+    s.set_defaults(func=cmd_autorecovery_run)
+    s = asub.add_parser("status", parents=[common], help="flag, auditor, under-replicated count, absent bookies")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_autorecovery_status)
+    for name in ("enable", "disable"):
+        s = asub.add_parser(name, parents=[common], help=f"{name} marking and re-replication cluster-wide")
+        s.set_defaults(func=cmd_autorecovery_enable)
+    s = asub.add_parser("list", parents=[common], help="under-replicated ledgers")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_autorecovery_list)
+
+    for name, fn, what in (("recover", cmd_recover, "move every copy a bookie holds to other bookies"),
+                           ("decommission", cmd_decommission,
+                            "read-only, move every copy, delete its cookie (live or stopped bookie)")):
+        s = sub.add_parser(name, parents=[common], help=what)
+        s.add_argument("bookie_id")
+        s.add_argument("--open-ledger-grace-s", type=float, default=30.0,
+                       help="an open ledger's writer gets this long to move off the bookie before it is fenced")
+        s.add_argument("--timeout-s", type=float, default=3600.0)
+        if name == "decommission":
+            s.add_argument("--readonly-timeout-s", type=float, default=60.0,
+                           help="how long a live bookie gets to turn read-only")
+        s.set_defaults(func=fn)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--metadata-uri", default=argparse.SUPPRESS, help="zk://host:port/ledgers (env BK_METADATA_URI)")
@@ -356,9 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--journal-sync", choices=["io_uring", "thread"], default="io_uring")
     s.set_defaults(func=cmd_sandbox)
 
-    s = sub.add_parser("bookie", parents=[common], help="run one bookie")
-    s.add_argument("--conf", required=True)
-    s.set_defaults(func=cmd_bookie)
+    _add_bookie_parser(sub, common)
 
     s = sub.add_parser("bookies", parents=[common], help="bookie commands")
     bsub = s.add_subparsers(dest="bookies_cmd", required=True)
@@ -414,6 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
     s.set_defaults(func=cmd_bench)
+
+    _add_autorecovery_parsers(sub, common)
 
     s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
     s.add_argument("--ensemble", "-e", type=int, default=3)

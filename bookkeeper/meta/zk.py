@@ -7,6 +7,7 @@ Layout under the root (default /ledgers), see docs/metadata.md:
   cookies/<bookie_id>             JSON cookie: which directories this bookie id owns
   decommissioning/<bookie_id>     an operator asked this bookie to turn read-only for good
   idgen/ID-<seq>                  transient sequential nodes: ledger id allocation
+  underreplication/...            auto-recovery: marks, locks, election (meta/underreplication.py)
   <2 digits>/<4 digits>/L<4 digits>  ledger metadata, hierarchical by the 10-digit id
 
 Thread-safety: kazoo is thread-safe; the asyncio client calls these methods from
@@ -18,11 +19,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.protocol.states import WatchedEvent
 
 from bookkeeper.errors import BKError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
@@ -277,3 +279,55 @@ class ZkMetadataStore:
                 for c in children(f"{self.root}/{a}/{b}"):
                     if c.startswith("L") and c[1:].isdigit():
                         yield int(a + b + c[1:])
+
+    # -- auto-recovery reads (docs/autorecovery.md) -----------------------------------
+    def bookie_ids(self, *, readonly: bool = False, watch: Callable[[WatchedEvent], None] | None = None) -> set[str]:
+        """Registered bookie ids (names only: one read, no per-bookie data); `watch` fires once
+        when a registration appears or goes."""
+        base = f"{self.root}/available" + ("/readonly" if readonly else "")
+        try:
+            return {c for c in self.zk.get_children(base, watch=watch) if c != "readonly"}
+        except NoNodeError:
+            return set()
+
+    def _sorted_children(self, path: str) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(path))
+        except NoNodeError:
+            return []
+
+    def ledger_levels(self) -> list[str]:
+        """The first level of the ledger hierarchy (`<root>/<2 digits>`, at most 100): one read."""
+        return [f"{self.root}/{a}" for a in self._sorted_children(self.root) if len(a) == 2 and a.isdigit()]
+
+    def level_buckets(self, level: str) -> list[str]:
+        """The buckets (`<level>/<4 digits>`, each the parent of up to 10^4 ledgers): one read."""
+        return [f"{level}/{b}" for b in self._sorted_children(level) if len(b) == 4 and b.isdigit()]
+
+    def ledger_buckets(self) -> Iterator[str]:
+        """Every bucket in id order, lazily: at most one level's names (<= 10^4) held at a time."""
+        for level in self.ledger_levels():
+            yield from self.level_buckets(level)
+
+    def bucket_ledger_ids(self, bucket: str) -> list[int]:
+        """The ledger ids under a bucket path from ledger_buckets(), ascending (one read)."""
+        got = self.bucket_ledgers(bucket)
+        if got is None:
+            return []
+        a, b = bucket.rsplit("/", 2)[1:]
+        base = int(a + b) * 10_000
+        return [base + suffix for suffix in got[1]]
+
+    def read_ledgers(self, ledger_ids: list[int]) -> list[LedgerMetadata | None]:
+        """The metadata of many ledgers, their reads pipelined on the session (None: deleted).
+        Why: a scan of every ledger costs one round trip per batch, not per ledger."""
+        pending = [self.zk.get_async(ledger_path(self.root, lid)) for lid in ledger_ids]
+        out: list[LedgerMetadata | None] = []
+        for res in pending:
+            try:
+                data, stat = res.get()
+            except NoNodeError:
+                out.append(None)
+                continue
+            out.append(LedgerMetadata.deserialize(data, version=stat.version))
+        return out
