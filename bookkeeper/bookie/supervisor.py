@@ -126,6 +126,7 @@ class Supervisor:
         self.store: ZkMetadataStore | None = None
         self.state, self.reason = WRITABLE, None
         self._registered_readonly: bool | None = None
+        self._registration_failed = False  # the last attempt failed: the next check tries again
         self._decommissioning = False
         self.dirs = [DirState(str(Path(cfg.journal_dir).resolve()), "journal"),
                      *(DirState(str(Path(d).resolve()), "ledger") for d in cfg.ledger_dirs)]
@@ -255,7 +256,7 @@ class Supervisor:
                                      dirs=self.dirs, failed_shards=self.failed_shards)
         changed = (state, reason) != (self.state, self.reason)
         self.state, self.reason = state, reason
-        if changed or self._registered_readonly is None:
+        if changed or self._registered_readonly is None or self._registration_failed:
             if changed:
                 log.warning("bookie %s is now %s%s", self.cfg.id, state, f": {reason}" if reason else "")
             self._tell_shards()
@@ -280,7 +281,9 @@ class Supervisor:
                 if self._registered_readonly is not None and self._registered_readonly != readonly:
                     self.store.unregister_bookie(self.cfg.id, readonly=self._registered_readonly)
                 self._registered_readonly = readonly
+                self._registration_failed = False
             except Exception:
+                self._registration_failed = True
                 log.exception("registration as %s failed: retried at the next check", self.state)
 
     def _on_zk_state(self, state: str) -> None:
@@ -301,10 +304,11 @@ class Supervisor:
                     self._restart_shard(i)
                     woken = True
             if woken or time.monotonic() >= next_check:
-                # A failed shard is looked at every second (its restart waits on its disk);
-                # otherwise every disk_check_interval_s.
+                # A failed shard (its restart waits on its disk) or a failed registration is
+                # looked at every second; otherwise every disk_check_interval_s.
                 self._evaluate()
-                next_check = time.monotonic() + (1.0 if self.failed_shards else self.cfg.disk_check_interval_s)
+                soon = self.failed_shards or self._registration_failed
+                next_check = time.monotonic() + (1.0 if soon else self.cfg.disk_check_interval_s)
 
     def _restart_shard(self, index: int) -> None:
         log.warning("shard %d exited (code %s): restarting", index, self.procs[index].returncode)

@@ -13,15 +13,20 @@ import socket
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from bookkeeper.procs import module_command
 from bookkeeper.testing.zookeeper import ZooKeeperServer
 
 BOOKIE_START_TIMEOUT_S = 60.0
+# bookie id -> (registration data, id of the ZooKeeper session owning its ephemeral znode)
+Registrations = dict[str, tuple[dict[str, Any], int]]
 
 
 def children_of(pid: int) -> list[int]:
@@ -222,7 +227,8 @@ class LocalCluster:
             self.wait_registered([b])
         return b
 
-    def registrations(self) -> dict[str, dict[str, Any]]:
+    def _read_registrations(self) -> Registrations:
+        """Writable registrations: bookie id -> (its data, the session that owns the ephemeral znode)."""
         zk = KazooClient(hosts=self.zk.connect_string)
         zk.start(timeout=10)
         try:
@@ -234,7 +240,8 @@ class LocalCluster:
                 if child == "readonly":
                     continue
                 try:
-                    out[child] = json.loads(zk.get(f"{base}/{child}")[0])
+                    data, stat = zk.get(f"{base}/{child}")
+                    out[child] = (json.loads(data), stat.ephemeralOwner)
                 except Exception:
                     continue
             return out
@@ -242,23 +249,68 @@ class LocalCluster:
             zk.stop()
             zk.close()
 
-    def wait_registered(self, bookies: list[LocalBookie] | None = None,
-                        timeout_s: float = BOOKIE_START_TIMEOUT_S) -> None:
-        """Until each bookie's current process holds its registration (a stale one does not count)."""
-        bookies = self.bookies if bookies is None else bookies
+    def registrations(self) -> dict[str, dict[str, Any]]:
+        """Writable registrations: bookie id -> its data (shard addresses, pid, ...)."""
+        return {bookie: data for bookie, (data, _) in self._read_registrations().items()}
+
+    def registration_sessions(self) -> dict[str, int]:
+        """bookie id -> the ZooKeeper session that holds its registration now."""
+        return {bookie: owner for bookie, (_, owner) in self._read_registrations().items()}
+
+    def _wait_until(self, bookies: list[LocalBookie], timeout_s: float, what: str,
+                    ready: Callable[[LocalBookie, Registrations, set[int]], bool], *,
+                    live_sessions: bool = False) -> None:
+        """Until ready(bookie, registrations, live session ids) holds for each bookie (the live
+        sessions are read only when asked for); a bookie process that exits fails at once."""
         deadline = time.monotonic() + timeout_s
         while True:
-            regs = self.registrations()
-            waiting = [b for b in bookies if b.pid is None or regs.get(b.bookie_id, {}).get("pid") != b.pid]
+            try:
+                regs = self._read_registrations()
+                live = self.zk.session_ids() if live_sessions else set()
+            except (KazooException, KazooTimeoutError, OSError):  # ZooKeeper down or restarting: not yet
+                regs, live = {}, set()
+            waiting = [b for b in bookies if not ready(b, regs, live)]
             if not waiting:
                 return
             for b in waiting:
                 if b.proc is not None and b.proc.poll() is not None:
                     raise RuntimeError(f"bookie {b.bookie_id} exited with {b.proc.returncode}:\n{b.log_tail()}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"bookies not registered within {timeout_s}s: "
-                                   f"{[(b.bookie_id, b.log_tail()) for b in waiting]}")
+                raise RuntimeError(f"bookies not {what} within {timeout_s}s: "
+                                   f"{[(b.bookie_id, regs.get(b.bookie_id), b.log_tail()) for b in waiting]}")
             time.sleep(0.1)
+
+    def wait_registered(self, bookies: list[LocalBookie] | None = None,
+                        timeout_s: float = BOOKIE_START_TIMEOUT_S) -> None:
+        """Until each bookie's current process holds its registration (a stale one does not count)."""
+        def ready(b: LocalBookie, regs: Registrations, _live: set[int]) -> bool:
+            return b.pid is not None and regs.get(b.bookie_id, ({}, 0))[0].get("pid") == b.pid
+
+        self._wait_until(self.bookies if bookies is None else bookies, timeout_s, "registered", ready)
+
+    def wait_sessions_live(self, bookies: list[LocalBookie] | None = None, *,
+                           expired: dict[str, int] | None = None,
+                           timeout_s: float = BOOKIE_START_TIMEOUT_S) -> None:
+        """Until each bookie's current process holds its registration under a session that has a
+        live connection to ZooKeeper, and not under the session `expired` names for it.
+
+        Why more than wait_registered: after a ZooKeeper restart every registration is back at
+        once, before its bookie has reconnected, and it vanishes if the bookie does not reconnect
+        within its session timeout; and a bookie whose session expired proves it noticed only by
+        registering again under a new session.
+        """
+        gone = expired or {}
+
+        def ready(b: LocalBookie, regs: Registrations, live: set[int]) -> bool:
+            data, owner = regs.get(b.bookie_id, ({}, 0))
+            return b.pid is not None and data.get("pid") == b.pid and owner in live and owner != gone.get(b.bookie_id)
+
+        self._wait_until(self.bookies if bookies is None else bookies, timeout_s,
+                         "registered under a live session", ready, live_sessions=True)
+
+    def restart_zookeeper(self, down_s: float = 0.0) -> None:
+        """Stop the cluster's ZooKeeper and start it again after down_s (same port and data)."""
+        self.zk.restart(down_s)
 
     def wait_shards_up(self, bookie: LocalBookie, timeout_s: float = 60.0) -> None:
         """Until every shard port of the bookie accepts connections."""

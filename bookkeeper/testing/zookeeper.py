@@ -528,6 +528,29 @@ class ZooKeeperServer:
             finally:
                 self._forget()
 
+    def restart(self, down_s: float = 0.0, timeout_s: float = 30.0) -> None:
+        """Stop the server, stay down ``down_s`` seconds, start it again.
+
+        Same port, same data directory: the znodes and the sessions (a session
+        is a transaction too) come back with it, as after an operator's restart.
+        Clients see a disconnection; a session whose client does not reconnect
+        within its timeout of the new start expires then.
+        """
+        self.stop()
+        if down_s > 0:
+            time.sleep(down_s)
+        self.start(timeout_s)
+
+    def session_ids(self) -> set[int]:
+        """Ids of the sessions that have a live client connection now (``cons``).
+
+        A session restored by a restart has none until its client reconnects
+        (and expires if that takes longer than its timeout): this is how a test
+        tells a resumed session from one that only has not expired yet.
+        """
+        reply = four_letter_word(_LOOPBACK, self._port, "cons")
+        return {int(m, 16) for m in re.findall(r"sid=0x([0-9a-f]+)", reply)}
+
     def __enter__(self) -> "ZooKeeperServer":
         self.start()
         return self
