@@ -57,6 +57,9 @@ def apply_records(storage: LedgerStorage, records: list[Record]) -> None:
             storage.put_entry(ledger_id, entry_id, data, entry_header(data)[2])
 
 
+DISK_GUARD_S = 0.05  # while adds flow, a shard measures its disks at most this often (statvfs: ~2 us each)
+
+
 class Shard:
     """One shard's components and periodic work (checkpoint, garbage collection, compaction)."""
 
@@ -89,6 +92,7 @@ class Shard:
         self._compacting: asyncio.Future[Any] | None = None  # the worker thread's compaction, if any
         self._last_minor = self._last_major = time.monotonic()
         self.failed: str | None = None  # why this shard can make nothing durable any more
+        self._disks_checked = 0.0  # when _guard_disks last measured
         self.counters: dict[str, int] = dict.fromkeys(
             ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted",
              "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted"), 0)
@@ -102,6 +106,39 @@ class Shard:
         h["journal_sync_latency_seconds"].observe(seconds)
         h["journal_batch_entries"].observe(records)
         h["journal_batch_bytes"].observe(nbytes)
+        now = time.monotonic()
+        if now - self._disks_checked >= DISK_GUARD_S:
+            self._disks_checked = now
+            self._guard_disks()
+
+    def _guard_disks(self) -> None:
+        """Turn read-only at once when the journal's filesystem, or every ledger dir's, passes the
+        threshold, and tell the supervisor: adds can fill a disk faster than its
+        disk_check_interval_s, and a journal that meets ENOSPC fails. The supervisor then
+        decides for the bookie (with hysteresis) and every shard follows it."""
+        if self.server.readonly:
+            return
+        cfg = self.cfg
+        usage = disk_usage(cfg.journal_dir)[2]
+        if usage >= cfg.disk_usage_threshold:
+            reason = f"journal dir {cfg.journal_dir} is {usage:.0%} full"
+        else:
+            ledger = [(d, disk_usage(d)[2]) for d in cfg.ledger_dirs]
+            if any(u < cfg.disk_usage_threshold for _d, u in ledger):
+                return
+            reason = "every ledger dir is full: " + ", ".join(f"{d} {u:.0%}" for d, u in ledger)
+        self.server.readonly = True
+        self.server.readonly_reason = reason
+        log.warning("shard %d: %s: refusing adds", self.index, reason)
+        self._tell_supervisor()
+
+    def _tell_supervisor(self) -> None:
+        """SIGUSR1: the supervisor evaluates the bookie's state now, not at its next check."""
+        if self.supervisor_pid:
+            try:
+                os.kill(self.supervisor_pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
     def _on_journal_failed(self, items: list, err: OSError) -> None:
         """Answer the items with errors; the first time, turn the shard read-only and tell the
@@ -112,11 +149,7 @@ class Shard:
             self.server.readonly = True
             self.server.readonly_reason = self.failed
             log.error("shard %d: %s; refusing adds from now on (reads still served)", self.index, self.failed)
-            if self.supervisor_pid:
-                try:
-                    os.kill(self.supervisor_pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+            self._tell_supervisor()
 
     def _on_durable(self, items: list) -> None:
         self.server.on_durable(items)

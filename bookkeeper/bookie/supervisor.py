@@ -127,6 +127,7 @@ class Supervisor:
         self.state, self.reason = WRITABLE, None
         self._registered_readonly: bool | None = None
         self._registration_failed = False  # the last attempt failed: the next check tries again
+        self._shard_states: dict[int, str | None] = {}  # as each shard reported it at the last check
         self._decommissioning = False
         self.dirs = [DirState(str(Path(cfg.journal_dir).resolve()), "journal"),
                      *(DirState(str(Path(d).resolve()), "ledger") for d in cfg.ledger_dirs)]
@@ -230,11 +231,13 @@ class Supervisor:
 
     def _poll_shards(self) -> None:
         """Which shards failed (their journal), and restart a failed one once its disk has room."""
+        self._shard_states = {}
         for i in list(self.procs):
             try:
                 st = control.call(control.socket_name(os.getpid(), i), {"op": "stats"}, timeout_s=2.0)
             except (OSError, ValueError):
                 continue  # restarting, or busy: its exit is seen by the monitor
+            self._shard_states[i] = st.get("state")
             if st.get("failed"):
                 self.failed_shards[i] = st["failed"]
                 self._failed_since.setdefault(i, time.monotonic())
@@ -256,10 +259,14 @@ class Supervisor:
                                      dirs=self.dirs, failed_shards=self.failed_shards)
         changed = (state, reason) != (self.state, self.reason)
         self.state, self.reason = state, reason
-        if changed or self._registered_readonly is None or self._registration_failed:
+        # A shard may have turned itself read-only (its journal dir filled between two checks):
+        # the bookie's state is the supervisor's to decide, and every shard follows it.
+        out_of_step = any(s != state for s in self._shard_states.values())
+        if changed or out_of_step:
             if changed:
                 log.warning("bookie %s is now %s%s", self.cfg.id, state, f": {reason}" if reason else "")
             self._tell_shards()
+        if changed or self._registered_readonly is None or self._registration_failed:
             self._register()
 
     def _tell_shards(self) -> None:
