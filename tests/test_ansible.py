@@ -158,7 +158,8 @@ class Deployment:
                "-e", f"bookie_wheel={self.wheel}", *self.extra_vars, *extra]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S, env=_ansible_env(),
                              stdin=subprocess.DEVNULL)
-        assert run.returncode == 0, f"{name} exited {run.returncode}:\n{run.stdout[-8000:]}\n{run.stderr[-3000:]}"
+        assert run.returncode == 0, (f"{name} exited {run.returncode}; failed tasks:\n{failures(run.stdout)}\n"
+                                     f"output:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}")
         return run.stdout
 
     def service_pids(self) -> dict[str, int]:
@@ -197,6 +198,18 @@ class Deployment:
             except OSError:
                 continue
         return alive
+
+
+def failures(output: str) -> str:
+    """Each failed task of a playbook's output with its TASK header, so a CI log that keeps only
+    the head of a long assertion still shows why it failed."""
+    task, out = "", []
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith(("fatal:", "failed:")) or "FAILED!" in line:
+            out.extend([task, line[:2000]])
+    return "\n".join(out) or "(none reported)"
 
 
 def recap(output: str) -> dict[str, tuple[int, int, int]]:
