@@ -358,7 +358,7 @@ async def _kill_and_replicate(cluster: LocalCluster) -> None:
                 await asyncio.sleep(0.2)
         adders = [asyncio.ensure_future(keep_adding(lh)) for lh in live]
         await asyncio.sleep(0.5)
-        on_victim = await bk._run(references, store, vid)
+        on_victim = await bk.metadata_call(references, store, vid)
         idle_on = [lh.ledger_id for lh in idle if lh.ledger_id in on_victim]
         print(f"\nkilling {vid}: on {len([c for c in closed if c in on_victim])} closed, {len(idle_on)} idle open, "
               f"{len([lh for lh in live if lh.ledger_id in on_victim])} live open ledgers")
@@ -367,7 +367,7 @@ async def _kill_and_replicate(cluster: LocalCluster) -> None:
 
         async def wait_none(ids: list[int], what: str) -> float:
             deadline = time.monotonic() + WAIT_S
-            while left := [lid for lid in await bk._run(references, store, vid) if lid in ids]:
+            while left := [lid for lid in await bk.metadata_call(references, store, vid) if lid in ids]:
                 assert time.monotonic() < deadline, f"{what}: {left} still name {vid}"
                 assert not any(a.done() for a in adders), [a.exception() for a in adders if a.done()]
                 await asyncio.sleep(0.2)
@@ -394,8 +394,8 @@ async def _kill_and_replicate(cluster: LocalCluster) -> None:
         assert _sum_status(cluster, "ledgers_recovered") >= len(idle_on)
         urm = UnderReplicationManager(store)
         deadline = time.monotonic() + WAIT_S  # every mark gone (the workers finish what they hold)
-        while await bk._run(urm.count):
-            assert time.monotonic() < deadline, await bk._run(lambda: list(urm.marked_ledgers()))
+        while await bk.metadata_call(urm.count):
+            assert time.monotonic() < deadline, await bk.metadata_call(lambda: list(urm.marked_ledgers()))
             await asyncio.sleep(0.2)
 
 
@@ -504,7 +504,7 @@ def test_decommission_of_a_live_bookie(cluster: LocalCluster) -> None:
                 assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
                 print(f"\nbk decommission {vid}: {took:.1f} s\n{r.stdout}")
                 assert "still running" in r.stdout
-                assert await bk._run(references, store, vid) == []
+                assert await bk.metadata_call(references, store, vid) == []
                 assert store.get_cookie(vid) is None
                 assert vid in store.bookie_ids(readonly=True) and vid not in store.bookie_ids()
                 assert store.zk.exists(store.decommissioning_path(vid)) is not None

@@ -118,7 +118,7 @@ def ledger(cluster5: LocalCluster) -> Iterator[Written]:
 
     async def cleanup() -> None:
         async with await BookKeeper.connect(cluster5.metadata_uri) as client:
-            if await client._run(client.store.ledger_exists, w.ledger_id):
+            if await client.metadata_call(client.store.ledger_exists, w.ledger_id):
                 await client.delete_ledger(w.ledger_id)
     run(cleanup())
 

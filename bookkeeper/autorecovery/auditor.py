@@ -99,16 +99,16 @@ class Auditor:
         finally:
             self.stats.is_auditor = False
             if self.node is not None:
-                await self.bk._run(self.urm.leave_election, self.node)
+                await self.bk.metadata_call(self.urm.leave_election, self.node)
                 self.node = None
 
     async def _stand(self, stop: asyncio.Event, enabled: Switch) -> None:
         """One look at the election: audit if first, else wait on the predecessor."""
         if self.node is None:
-            self.node = await self.bk._run(self.urm.join_election)
+            self.node = await self.bk.metadata_call(self.urm.join_election)
             log.info("auditor candidate %s", self.node)
         self._poke.event.clear()
-        candidates = await self.bk._run(self.urm.candidates)
+        candidates = await self.bk.metadata_call(self.urm.candidates)
         if self.node not in candidates:
             self.node = None  # our session expired and took the node: stand again
             return
@@ -116,7 +116,7 @@ class Auditor:
         if index == 0:
             await self._term(stop, enabled)
             return
-        if await self.bk._run(self.urm.watch_candidate, candidates[index - 1], self._poke.callback):
+        if await self.bk.metadata_call(self.urm.watch_candidate, candidates[index - 1], self._poke.callback):
             await wait_any([stop, self._poke.event], self.interval_s)
 
     async def _term(self, stop: asyncio.Event, enabled: Switch) -> None:
@@ -131,7 +131,7 @@ class Auditor:
             while not stop.is_set():
                 changed = enabled.changed
                 self._poke.event.clear()
-                if not await self.bk._run(self.urm.watch_candidate, node, None):
+                if not await self.bk.metadata_call(self.urm.watch_candidate, node, None):
                     self.node = None
                     return
                 await self._cycle(absence, enabled.value, stop)
@@ -146,9 +146,9 @@ class Auditor:
     async def _cycle(self, absence: AbsenceClock, enabled: bool, stop: asyncio.Event) -> None:
         """Registrations and cookies (4 reads with the leadership check), then the lost ones."""
         store = self.bk.store
-        writable = await self.bk._run(lambda: store.bookie_ids(watch=self._poke.callback))
-        readonly = await self.bk._run(lambda: store.bookie_ids(readonly=True, watch=self._poke.callback))
-        known = set(await self.bk._run(store.list_cookies))
+        writable = await self.bk.metadata_call(lambda: store.bookie_ids(watch=self._poke.callback))
+        readonly = await self.bk.metadata_call(lambda: store.bookie_ids(readonly=True, watch=self._poke.callback))
+        known = set(await self.bk.metadata_call(store.list_cookies))
         self.stats.zk_reads += 4
         now = self.clock()
         absence.observe(now, known=known, registered=writable | readonly)
@@ -183,7 +183,7 @@ class Auditor:
                 wait = self._writes.take(self.clock())
                 if wait:
                     await asyncio.sleep(wait)
-                writes = await self.bk._run(self.urm.mark, md.ledger_id, sorted(refs))
+                writes = await self.bk.metadata_call(self.urm.mark, md.ledger_id, sorted(refs))
                 self.stats.zk_writes += writes
                 marked += bool(writes)
             scanned += len(mds)

@@ -67,13 +67,13 @@ async def bookie_known(bk: BookKeeper, bookie_id: str) -> bool:
         return (store.get_cookie(bookie_id) is not None or bookie_id in store.bookie_ids()
                 or bookie_id in store.bookie_ids(readonly=True)
                 or store.zk.exists(store.decommissioning_path(bookie_id)) is not None)
-    return await bk._run(look)
+    return await bk.metadata_call(look)
 
 
 async def _take_off_mark(bk: BookKeeper, urm: UnderReplicationManager, ledger_id: int, bookie_id: str) -> None:
     while True:
-        mark = await bk._run(urm.get_mark, ledger_id)
-        if mark is None or bookie_id not in mark.missing or await bk._run(urm.unmark, mark, [bookie_id]):
+        mark = await bk.metadata_call(urm.get_mark, ledger_id)
+        if mark is None or bookie_id not in mark.missing or await bk.metadata_call(urm.unmark, mark, [bookie_id]):
             return
 
 
@@ -91,7 +91,7 @@ async def recover_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float, time
     if not known and not pending:
         raise UnknownBookieError(f"unknown bookie {bookie_id!r}: no cookie, registration, decommission marker or "
                                  f"ledger names it")
-    await bk._run(urm.ensure_layout)
+    await bk.metadata_call(urm.ensure_layout)
     ledgers = fragments = entries = 0
     said: dict[int, str] = {}  # ledger -> the last note printed about it: a retry loop says each once
 
@@ -105,7 +105,7 @@ async def recover_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float, time
             return RecoverySummary(ledgers, fragments, entries, time.monotonic() - t0)
         on_note(f"{len(pending)} ledger(s) name {bookie_id}")
         for lid in pending:
-            await bk._run(functools.partial(urm.mark, lid, [bookie_id], forced=True))
+            await bk.metadata_call(functools.partial(urm.mark, lid, [bookie_id], forced=True))
         while pending:
             waiting = []
             for lid in pending:
@@ -137,7 +137,7 @@ async def _one(bk: BookKeeper, urm: UnderReplicationManager, replicator: LedgerR
                note: Callable[[int, str], None]) -> LedgerResult | None:
     """Replicate one ledger under its lock; None if it must be tried again (locked elsewhere,
     or a failure worth retrying)."""
-    if not await bk._run(urm.try_lock, ledger_id):
+    if not await bk.metadata_call(urm.try_lock, ledger_id):
         note(ledger_id, f"ledger {ledger_id}: another worker is replicating it: waiting")
         return None
     try:
@@ -148,7 +148,7 @@ async def _one(bk: BookKeeper, urm: UnderReplicationManager, replicator: LedgerR
         note(ledger_id, f"{e}; retrying")
         return None
     finally:
-        await bk._run(urm.unlock, ledger_id)
+        await bk.metadata_call(urm.unlock, ledger_id)
 
 
 async def decommission_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float, readonly_timeout_s: float,
@@ -159,21 +159,21 @@ async def decommission_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float,
     if not await bookie_known(bk, bookie_id) and not await ledgers_on(bk, bookie_id):
         raise UnknownBookieError(f"unknown bookie {bookie_id!r}: no cookie, registration, decommission marker or "
                                  f"ledger names it")
-    await bk._run(store.set_decommissioning, bookie_id)
-    if bookie_id in await bk._run(store.bookie_ids):
+    await bk.metadata_call(store.set_decommissioning, bookie_id)
+    if bookie_id in await bk.metadata_call(store.bookie_ids):
         on_note(f"waiting for {bookie_id} to turn read-only")
         deadline = time.monotonic() + readonly_timeout_s
-        while bookie_id in await bk._run(store.bookie_ids) or \
-                bookie_id not in await bk._run(lambda: store.bookie_ids(readonly=True)):
+        while bookie_id in await bk.metadata_call(store.bookie_ids) or \
+                bookie_id not in await bk.metadata_call(lambda: store.bookie_ids(readonly=True)):
             if time.monotonic() > deadline:
-                await bk._run(store.clear_decommissioning, bookie_id)  # undo: nothing else was changed
+                await bk.metadata_call(store.clear_decommissioning, bookie_id)  # undo: nothing else was changed
                 raise ReplicationError(f"bookie {bookie_id} did not turn read-only within {readonly_timeout_s:.0f} s "
                                        f"(is it running a version that watches the decommissioning marker?)")
             await asyncio.sleep(0.2)
         on_note(f"{bookie_id} is read-only")
     await recover_bookie(bk, bookie_id, grace_s=grace_s, timeout_s=timeout_s, on_ledger=on_ledger, on_note=on_note)
-    await bk._run(store.delete_cookie, bookie_id)
-    registered = bookie_id in await bk._run(store.bookie_ids) | await bk._run(lambda: store.bookie_ids(readonly=True))
+    await bk.metadata_call(store.delete_cookie, bookie_id)
+    registered = bookie_id in await bk.metadata_call(store.bookie_ids) | await bk.metadata_call(lambda: store.bookie_ids(readonly=True))
     if not registered:
-        await bk._run(store.clear_decommissioning, bookie_id)
+        await bk.metadata_call(store.clear_decommissioning, bookie_id)
     return not registered

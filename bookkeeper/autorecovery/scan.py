@@ -35,7 +35,7 @@ async def scan_metadata(bk: BookKeeper, *, before_reads: BeforeReads = _nothing,
 
     async def read(n: int, fn: Callable[..., T], *args: Any) -> T:
         await before_reads(n)
-        return await bk._run(fn, *args)
+        return await bk.metadata_call(fn, *args)
 
     for level in await read(1, store.ledger_levels):
         for bucket in await read(1, store.level_buckets, level):

@@ -110,9 +110,9 @@ class AutoRecoveryService:
         self._connected = True
         try:
             urm = UnderReplicationManager(bk.store)
-            await bk._run(urm.ensure_layout)
-            enabled = self._switch = Switch(loop, await bk._run(urm.is_enabled))
-            await bk._run(urm.watch_enabled, enabled.set_threadsafe)
+            await bk.metadata_call(urm.ensure_layout)
+            enabled = self._switch = Switch(loop, await bk.metadata_call(urm.is_enabled))
+            await bk.metadata_call(urm.watch_enabled, enabled.set_threadsafe)
             auditor = Auditor(bk, urm, lost_bookie_delay_s=self.lost_bookie_delay_s,
                               audit_interval_s=self.audit_interval_s, stats=self.auditor_stats)
             worker = self._worker = ReplicationWorker(bk, urm, grace_s=self.grace_s, stats=self.replication_stats)
@@ -140,7 +140,7 @@ class AutoRecoveryService:
         """Keep the under-replicated count status() shows fresh (and fresh at once after enable)."""
         while not stop.is_set():
             try:
-                self._under_replicated = await bk._run(urm.count)
+                self._under_replicated = await bk.metadata_call(urm.count)
             except BKError as e:
                 log.debug("under-replicated count: %s", e)
             await wait_any([stop, enabled.changed], COUNT_REFRESH_S)

@@ -72,7 +72,7 @@ class ReplicationWorker:
             finally:
                 self.current = None
                 try:
-                    await self.bk._run(self.urm.unlock, ledger_id)
+                    await self.bk.metadata_call(self.urm.unlock, ledger_id)
                 except BKError as e:  # the session is gone: so is the lock
                     log.warning("ledger %d: unlock failed: %s", ledger_id, e)
 
@@ -81,13 +81,13 @@ class ReplicationWorker:
         now = time.monotonic()
         for lid in [lid for lid, t in self._not_before.items() if t <= now]:
             del self._not_before[lid]
-        buckets = await self.bk._run(self.urm.buckets, self._poke.callback)
+        buckets = await self.bk.metadata_call(self.urm.buckets, self._poke.callback)
         random.shuffle(buckets)
         for bucket in buckets:
-            ids = [lid for lid in await self.bk._run(self.urm.bucket_ledgers, bucket) if lid not in self._not_before]
+            ids = [lid for lid in await self.bk.metadata_call(self.urm.bucket_ledgers, bucket) if lid not in self._not_before]
             random.shuffle(ids)
             for lid in ids:
-                if await self.bk._run(self.urm.try_lock, lid):
+                if await self.bk.metadata_call(self.urm.try_lock, lid):
                     return lid
         return None
 
@@ -97,13 +97,13 @@ class ReplicationWorker:
         if not candidates:
             return set()
         store = self.bk.store
-        registered = await self.bk._run(store.bookie_ids) | await self.bk._run(lambda: store.bookie_ids(readonly=True))
+        registered = await self.bk.metadata_call(store.bookie_ids) | await self.bk.metadata_call(lambda: store.bookie_ids(readonly=True))
         return candidates & registered
 
     async def _process(self, ledger_id: int) -> None:
         self.current = ledger_id
         try:
-            mark = await self.bk._run(self.urm.get_mark, ledger_id)
+            mark = await self.bk.metadata_call(self.urm.get_mark, ledger_id)
             if mark is None:
                 return  # done by another worker between listing and locking
             back = await self._returned(mark)
@@ -119,7 +119,7 @@ class ReplicationWorker:
                     self._backoff.pop(ledger_id, None)
                     self._not_before[ledger_id] = time.monotonic() + max(0.0, grace_ends - time.time())
                     return
-            if not await self.bk._run(self.urm.unmark, mark):
+            if not await self.bk.metadata_call(self.urm.unmark, mark):
                 log.info("ledger %d: its mark changed while it was replicated: looking again", ledger_id)
             self._backoff.pop(ledger_id, None)
         except UnreplicableError as e:

@@ -61,8 +61,8 @@ def _with_client(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argpa
 @_with_client
 async def cmd_bookies_list(bk: Any, args: argparse.Namespace) -> int:
     await bk.refresh_bookies()
-    regs = await bk._run(lambda: bk.store.get_bookies(readonly=True)) if args.readonly else \
-        await bk._run(bk.store.get_bookies)
+    regs = await bk.metadata_call(lambda: bk.store.get_bookies(readonly=True)) if args.readonly else \
+        await bk.metadata_call(bk.store.get_bookies)
     rows = [{"bookie_id": bid, "rack": info.get("rack", ""), "readonly": bool(info.get("readonly", args.readonly)),
              "shards": [{"host": s["host"], "port": s["port"]} for s in info.get("shards", [])]}
             for bid, info in sorted(regs.items())]
@@ -87,7 +87,7 @@ async def cmd_bookies_can_stop(bk: Any, args: argparse.Namespace) -> int:
     from bookkeeper.client.core.placement import stop_refusal
     from bookkeeper.errors import NoSuchLedgerError
 
-    writable = set(await bk._run(bk.store.get_bookies))
+    writable = set(await bk.metadata_call(bk.store.get_bookies))
     ids = [lid async for lid in bk.list_ledgers()]
     largest = 0
     for start in range(0, len(ids), 64):
@@ -255,7 +255,7 @@ async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
                 "candidates": len(candidates), "under_replicated": urm.count(), "locked": urm.locked_count(),
                 "bookies": {"writable": sorted(writable), "readonly": sorted(readonly),
                             "absent": sorted(set(store.list_cookies()) - writable - readonly)}}
-    status = await bk._run(look)
+    status = await bk.metadata_call(look)
     if args.json:
         print(json.dumps(status))
         return 0
@@ -274,7 +274,7 @@ async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
 
 @_with_client
 async def cmd_autorecovery_enable(bk: Any, args: argparse.Namespace) -> int:
-    await bk._run(_urm(bk).set_enabled, args.autorecovery_cmd == "enable")
+    await bk.metadata_call(_urm(bk).set_enabled, args.autorecovery_cmd == "enable")
     print(f"auto-recovery {args.autorecovery_cmd}d")
     return 0
 
@@ -287,7 +287,7 @@ async def cmd_autorecovery_list(bk: Any, args: argparse.Namespace) -> int:
     def marks() -> list[dict[str, Any]]:
         found = (urm.get_mark(lid) for lid in urm.marked_ledgers())
         return [m.to_json() for m in found if m is not None]
-    rows = await bk._run(marks)
+    rows = await bk.metadata_call(marks)
     if args.json:
         print(json.dumps(rows))
         return 0

@@ -74,10 +74,12 @@ class BookKeeper:
 
     async def close(self) -> None:
         self.pool.close()
-        await self._run(self.store.close)
+        await self.metadata_call(self.store.close)
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """A metadata call off the loop; ZooKeeper trouble becomes a retriable BKError."""
+    async def metadata_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking metadata call (kazoo) off the loop; ZooKeeper trouble becomes a retriable
+        MetadataServiceError. Public: layers over the client (auto-recovery, streams, the CLI)
+        reach ZooKeeper through it, so every such call is off the loop and mapped the same way."""
         try:
             return await self._loop.run_in_executor(None, functools.partial(fn, *args))
         except (KazooException, ZookeeperError) as e:
@@ -86,8 +88,8 @@ class BookKeeper:
     # -- bookies -----------------------------------------------------------
     async def refresh_bookies(self) -> dict[str, dict[str, Any]]:
         """Re-read the registered bookies (writable and read-only)."""
-        writable = await self._run(self.store.get_bookies)
-        readonly = await self._run(functools.partial(self.store.get_bookies, readonly=True))
+        writable = await self.metadata_call(self.store.get_bookies)
+        readonly = await self.metadata_call(functools.partial(self.store.get_bookies, readonly=True))
         self._bookies = {**readonly, **writable}
         self.pool.invalidate_routes()
         self._writable = list(writable)
@@ -152,10 +154,10 @@ class BookKeeper:
 
     # -- metadata helpers (used by handles) ------------------------------------
     async def _read_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return await self._run(self.store.read_ledger, ledger_id)
+        return await self.metadata_call(self.store.read_ledger, ledger_id)
 
     async def _write_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
-        return await self._run(self.store.write_ledger, md)
+        return await self.metadata_call(self.store.write_ledger, md)
 
     # -- ledgers -------------------------------------------------------------
     async def create_ledger(self, *, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
@@ -176,11 +178,11 @@ class BookKeeper:
             raise NotEnoughBookiesError(f"ensemble of {ensemble} needs {ensemble} writable bookies, "
                                         f"{len(self._writable)} registered")
         chosen = self._place(ensemble, write_quorum)
-        ledger_id = await self._run(self.store.allocate_ledger_id)
+        ledger_id = await self.metadata_call(self.store.allocate_ledger_id)
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
                             ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=password_digest(password),
                             ensembles={0: chosen}, custom_metadata=custom, password=password)
-        md = await self._run(self.store.create_ledger, md)
+        md = await self.metadata_call(self.store.create_ledger, md)
         return WriteHandle(self, md, password)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", digest: DigestType | None = None,
@@ -210,10 +212,10 @@ class BookKeeper:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies garbage-collect its entries."""
-        await self._run(self.store.delete_ledger, ledger_id)
+        await self.metadata_call(self.store.delete_ledger, ledger_id)
 
     async def list_ledgers(self) -> AsyncIterator[int]:
-        ids = await self._run(lambda: list(self.store.list_ledgers()))
+        ids = await self.metadata_call(lambda: list(self.store.list_ledgers()))
         for lid in ids:
             yield lid
 
