@@ -141,6 +141,49 @@ class CookieMismatchError(BKError):
     code = 31
 
 
+class StreamExistsError(BKError):
+    """create_stream: a stream of that name already exists in the namespace."""
+
+    code = 40
+
+
+class StreamNotFoundError(BKError):
+    """The stream does not exist in the namespace (or was deleted meanwhile)."""
+
+    code = 41
+
+
+class StreamLockLostError(LedgerFencedError):
+    """This stream writer lost its lock (taken over, or its ZooKeeper session expired):
+    it writes no more. A LedgerFencedError, as the stream's API promises the old writer."""
+
+    code = 42
+
+
+class InvalidPositionError(BKError, ValueError):
+    """A string that is not a stream position SEQ:ENTRY:SLOT (bad input: a ValueError too)."""
+
+    code = 43
+
+
+class TxidOrderError(BKError, ValueError):
+    """A given txid is not above the stream's last one: txids increase strictly."""
+
+    code = 44
+
+
+class InvalidStreamNameError(BKError, ValueError):
+    """A namespace or stream name that cannot be a ZooKeeper node name."""
+
+    code = 45
+
+
+class WriterClosedError(BKError):
+    """write() on a stream writer that was closed or failed earlier."""
+
+    code = 46
+
+
 _BY_STATUS: dict[int, type[BKError]] = {
     cls.code: cls
     for cls in (NoSuchLedgerError, NoSuchEntryError, LedgerFencedError, UnauthorizedError,

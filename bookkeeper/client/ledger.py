@@ -53,6 +53,7 @@ class LedgerEntry:
     entry_id: int
     data: bytes
     ledger_id: int = -1
+    length: int = -1    # the ledger's length in bytes after this entry (-1: not known)
 
 
 _DENIALS = (NoSuchEntryError, NoSuchLedgerError)
@@ -193,7 +194,7 @@ class ReadHandle:
                     if f.done() and not f.cancelled():
                         f.exception()  # consumed: one failure is reported, not a log line per entry
                 raise
-            out.extend(LedgerEntry(e, r[0], self.ledger_id) for e, r in zip(range(start, stop + 1), results))
+            out.extend(LedgerEntry(e, r[0], self.ledger_id, r[2]) for e, r in zip(range(start, stop + 1), results))
         return out
 
     async def read_last_add_confirmed(self) -> int:

@@ -1,0 +1,488 @@
+"""The single writer of a stream: record sets into the open segment's ledger, rolls, takeover.
+
+Why a lock *and* fencing: the lock (an ephemeral sequential znode, the newest one owns)
+tells an old writer it lost the stream as soon as ZooKeeper does; fencing the old
+writer's open segment at the bookies (a recovery open) is what makes it unable to add
+even if it never hears about the lock. Adding a segment is a compare-and-set on the
+stream node, so a writer that lost can never roll into a segment of its own either.
+
+Lives in: the caller's event loop; ZooKeeper calls go through `BookKeeper.metadata_call`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kazoo.protocol.states import KazooState, WatchedEvent
+
+from bookkeeper.client.ledger import WriteHandle
+from bookkeeper.errors import (BKError, ConfigError, LedgerFencedError, MetadataVersionError, StreamLockLostError,
+                               TooLargeError, TxidOrderError, WriterClosedError)
+from bookkeeper.meta.streams import Segment, now_ms
+from bookkeeper.stream import recordset
+from bookkeeper.stream.policy import roll_reason
+from bookkeeper.stream.position import Position
+
+if TYPE_CHECKING:
+    from bookkeeper.stream.namespace import Namespace
+
+log = logging.getLogger(__name__)
+MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record set must fit one 5 MiB frame with its headers
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    """open_writer's keyword arguments, validated once."""
+
+    segment_max_records: int | None = None
+    segment_max_bytes: int | None = 128 * 1024 * 1024
+    segment_max_age_s: float | None = 3600.0
+    record_set_max_bytes: int = 64 * 1024
+    record_set_max_delay_ms: float = 2.0
+    compression: str = "none"            # "none" | "zstd"
+    lac_idle_flush_ms: float = 5.0       # an idle writer's last set becomes visible to tailers this soon
+    max_inflight_bytes: int = 32 * 1024 * 1024
+    takeover: bool = True                # False: wait until older writers are gone (hot standby)
+
+    def validate(self) -> WriterSettings:
+        for name in ("segment_max_records", "segment_max_bytes", "segment_max_age_s"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{name} must be > 0 or None (off), got {v}")
+        if not 0 < self.record_set_max_bytes <= MAX_RECORD_BYTES:
+            raise ConfigError(f"record_set_max_bytes must be in 1..{MAX_RECORD_BYTES}, got {self.record_set_max_bytes}")
+        if self.record_set_max_delay_ms < 0 or self.lac_idle_flush_ms < 0:
+            raise ConfigError("record_set_max_delay_ms and lac_idle_flush_ms must be >= 0")
+        if self.compression not in recordset.CODECS:
+            raise ConfigError(f"compression must be one of {sorted(recordset.CODECS)}, got {self.compression!r}")
+        if self.max_inflight_bytes < self.record_set_max_bytes:
+            raise ConfigError("max_inflight_bytes must be >= record_set_max_bytes")
+        return self
+
+
+class _Pending:
+    """Records waiting to be sealed into the next set, with their callers' futures."""
+
+    __slots__ = ("records", "futures", "size")
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, bytes]] = []
+        self.futures: list[asyncio.Future[Position]] = []
+        self.size = 0
+
+
+class StreamWriter:
+    """Appends records to one stream; `await ns.open_writer(name)` makes one."""
+
+    def __init__(self, ns: Namespace, name: str, settings: WriterSettings, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._ns = ns
+        self.name = name
+        self._s = settings
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self._codec = recordset.CODECS[settings.compression]
+        self._lock_node = ""
+        self._lh: WriteHandle | None = None
+        self._segment: Segment | None = None
+        self._seg_started = 0.0
+        self._seg_records = 0          # records sealed into the current segment
+        self._seg_first_txid = -1
+        self._seg_last_txid = -1
+        self._last_txid = -1
+        self._pending = _Pending()
+        self._timer: asyncio.TimerHandle | None = None
+        self._control_timer: asyncio.TimerHandle | None = None
+        self._control_due = False      # a data set was sent after the last control entry
+        self._inflight: set[asyncio.Future[int]] = set()
+        self._inflight_bytes = 0
+        self._room = asyncio.Event()
+        self._waiting_room = False
+        self._rolling: asyncio.Task[None] | None = None
+        self._suspended = False
+        self._error: BKError | None = None
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- opening -----------------------------------------------------------------------
+    async def _open(self) -> None:
+        """Lock, recover the previous writer's open segment, start a new one."""
+        ns, store = self._ns, self._ns.store
+        self._ns.bk.store.zk.add_listener(self._on_zk_state)
+        owner = f"{socket.gethostname()}:{os.getpid()}".encode()
+        self._lock_node = await ns.bk.metadata_call(store.lock_create, ns.name, self.name, owner)
+        try:
+            await self._acquire()
+            segments = await ns.segments(self.name)
+            if segments and segments[-1].state == "open":
+                segments[-1] = await ns.recover_segment(self.name, segments[-1])
+            self._last_txid = next((s.last_txid for s in reversed(segments) if s.records > 0), -1)
+            await self._start_segment()
+        except BaseException:
+            await self._release()
+            raise
+        self._spawn(ns.apply_retention(self.name))
+
+    async def _acquire(self) -> None:
+        """Own the lock: delete older writers' nodes (takeover) or wait for them to go."""
+        ns, store = self._ns, self._ns.store
+        mine = self._lock_node.rsplit("/", 1)[1]
+        while True:
+            holders = await ns.bk.metadata_call(store.lock_holders, ns.name, self.name)
+            if mine not in holders:
+                raise StreamLockLostError(f"stream {self.name!r}: a newer writer took the lock while this one opened")
+            older = holders[:holders.index(mine)]
+            if not older:
+                break
+            base = self._lock_node.rsplit("/", 1)[0]
+            if self._s.takeover:
+                for node in older:
+                    if await ns.bk.metadata_call(store.lock_delete, f"{base}/{node}"):
+                        log.info("stream %s: took over from writer %s", self.name, node)
+                continue
+            gone = asyncio.Event()
+            watch = self._threadsafe(gone.set)
+            if await ns.bk.metadata_call(store.lock_watch, f"{base}/{older[-1]}", watch):
+                await gone.wait()
+        watching = await ns.bk.metadata_call(store.lock_watch, self._lock_node, self._threadsafe(self._on_lock_event))
+        if not watching:
+            raise StreamLockLostError(f"stream {self.name!r}: this writer's lock node vanished")
+
+    def _threadsafe(self, fn: Callable[[], None]) -> Callable[[WatchedEvent], None]:
+        return lambda _event: self._loop.call_soon_threadsafe(fn)
+
+    def _on_lock_event(self) -> None:
+        if not self._closed:
+            self._fail(StreamLockLostError(f"stream {self.name!r}: another writer took over (this writer's lock "
+                                           f"node is gone); it writes no more"))
+
+    def _on_zk_state(self, state: KazooState) -> None:
+        """kazoo thread: pause on a lost connection, fail on an expired session, resume on reconnect."""
+        if state == KazooState.LOST:
+            err = StreamLockLostError(f"stream {self.name!r}: the ZooKeeper session expired, so the lock is gone "
+                                      f"and another writer may own the stream; this writer writes no more")
+            self._loop.call_soon_threadsafe(self._fail, err)
+        else:
+            self._loop.call_soon_threadsafe(self._set_suspended, state == KazooState.SUSPENDED)
+
+    def _set_suspended(self, suspended: bool) -> None:
+        """While ZooKeeper is unreachable no set is sent: the session may be expiring."""
+        self._suspended = suspended
+        if not suspended:
+            self._maybe_seal()
+
+    async def _start_segment(self) -> None:
+        ns = self._ns
+        lh = await ns.create_segment_ledger(self.name)
+        try:
+            meta = await ns.bk.metadata_call(ns.store.read_stream, ns.name, self.name)
+            seg = Segment(seq=meta.next_seq, ledger_id=lh.ledger_id, ctime_ms=now_ms())
+            _, seg = await ns.bk.metadata_call(ns.store.add_segment, ns.name, meta, seg)
+        except BaseException as e:
+            await ns.bk.delete_ledger(lh.ledger_id)
+            if isinstance(e, MetadataVersionError):
+                raise StreamLockLostError(f"stream {self.name!r} changed under this writer: another writer "
+                                          f"owns it") from e
+            raise
+        self._lh, self._segment = lh, seg
+        self._seg_started, self._seg_records = self._clock(), 0
+        self._seg_first_txid = self._seg_last_txid = -1
+        self._control_due = False
+
+    # -- writing -------------------------------------------------------------------------
+    async def write(self, data: bytes, txid: int | None = None) -> Position:
+        """Append one record; returns its position once its entry is acknowledged."""
+        return await self._enqueue([data], None if txid is None else [txid])[0]
+
+    async def write_batch(self, records: Sequence[bytes], txids: Sequence[int] | None = None) -> list[Position]:
+        """Append records in order (sealed at once, no delay); their positions once all are acknowledged."""
+        futs = self._enqueue(records, txids)
+        self._seal_now()
+        return list(await asyncio.gather(*futs))
+
+    def _enqueue(self, records: Sequence[bytes], txids: Sequence[int] | None) -> list[asyncio.Future[Position]]:
+        """Check everything first (bad input loses nothing and does not break the writer), then queue."""
+        self._check_usable()
+        if txids is not None and len(txids) != len(records):
+            raise ValueError(f"{len(txids)} txids for {len(records)} records")
+        last = self._last_txid
+        chosen: list[int] = []
+        for i, data in enumerate(records):
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"record data must be bytes, not {type(data).__name__}")
+            if len(data) + recordset.RECORD_OVERHEAD + recordset.HEADER_BYTES > MAX_RECORD_BYTES:
+                raise TooLargeError(f"record of {len(data)} bytes is over the {MAX_RECORD_BYTES}-byte record limit")
+            t = last + 1 if txids is None or txids[i] is None else txids[i]
+            if not isinstance(t, int) or t <= last:
+                raise TxidOrderError(f"txid {t!r} is not above the stream's last txid {last}: txids increase strictly")
+            chosen.append(t)
+            last = t
+        futs = []
+        for t, data in zip(chosen, records):
+            fut: asyncio.Future[Position] = self._loop.create_future()
+            self._pending.records.append((t, bytes(data)))
+            self._pending.futures.append(fut)
+            self._pending.size += len(data) + recordset.RECORD_OVERHEAD
+            futs.append(fut)
+            if self._pending.size >= self._s.record_set_max_bytes:
+                self._seal_now()
+        self._last_txid = last
+        if self._pending.records and self._timer is None:
+            self._timer = self._loop.call_later(self._s.record_set_max_delay_ms / 1000.0, self._seal_now)
+        return futs
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+        if self._closed:
+            raise WriterClosedError(f"the writer of stream {self.name!r} is closed")
+
+    def _seal_now(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._maybe_seal()
+
+    def _maybe_seal(self) -> None:
+        """Send pending records as sets of at most record_set_max_bytes, unless a roll, a
+        ZooKeeper pause, a failure or the in-flight bound holds them (they stay in order)."""
+        while self._pending.records and self._rolling is None and not self._suspended and self._error is None:
+            if self._inflight_bytes >= self._s.max_inflight_bytes:
+                if not self._waiting_room:
+                    self._waiting_room = True
+                    self._spawn(self._seal_when_room())
+                return
+            self._send_set(self._take_set())
+
+    def _take_set(self) -> _Pending:
+        """The longest prefix of the pending records (at least one) within record_set_max_bytes
+        and within what the segment may still take, so a large batch rolls at its limits."""
+        pending, s = self._pending, self._s
+        limit, max_n = s.record_set_max_bytes, len(pending.records)
+        if s.segment_max_bytes is not None:
+            limit = min(limit, s.segment_max_bytes - self._lh.length - self._inflight_bytes)
+        if s.segment_max_records is not None:
+            max_n = min(max_n, s.segment_max_records - self._seg_records)
+        n, size = 0, 0
+        while n < len(pending.records):
+            rec = len(pending.records[n][1]) + recordset.RECORD_OVERHEAD
+            if n and (size + rec > limit or n >= max_n):
+                break
+            n, size = n + 1, size + rec
+        if n == len(pending.records):
+            self._pending = _Pending()
+            return pending
+        out = _Pending()
+        out.records, pending.records = pending.records[:n], pending.records[n:]
+        out.futures, pending.futures = pending.futures[:n], pending.futures[n:]
+        out.size, pending.size = size, pending.size - size
+        return out
+
+    def _send_set(self, batch: _Pending) -> None:
+        payload = recordset.encode(batch.records, records_before=self._seg_records, codec=self._codec)
+        try:
+            fut = self._lh.add_entry_async(payload)
+        except BKError as e:
+            self._fail(e)
+            for f in batch.futures:
+                f.set_exception(type(e)(str(e)))
+            return
+        seq = self._segment.seq
+        if self._seg_records == 0:
+            self._seg_first_txid = batch.records[0][0]
+        self._seg_last_txid = batch.records[-1][0]
+        self._seg_records += len(batch.records)
+        self._control_due = True
+        self._track(fut, len(payload))
+        fut.add_done_callback(lambda f: self._on_set_acked(f, seq, batch.futures))
+        reason = roll_reason(records=self._seg_records, size_bytes=self._lh.length + self._inflight_bytes,
+                             age_s=self._clock() - self._seg_started, max_records=self._s.segment_max_records,
+                             max_bytes=self._s.segment_max_bytes, max_age_s=self._s.segment_max_age_s)
+        if reason is not None:
+            log.debug("stream %s: rolling segment %d (%s)", self.name, seq, reason.value)
+            self._rolling = self._loop.create_task(self._roll())
+            self._rolling.add_done_callback(self._roll_done)
+
+    async def _seal_when_room(self) -> None:
+        try:
+            while self._inflight_bytes >= self._s.max_inflight_bytes and self._error is None:
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            self._waiting_room = False
+        self._maybe_seal()
+
+    def _track(self, fut: asyncio.Future[int], size: int) -> None:
+        self._inflight.add(fut)
+        self._inflight_bytes += size
+
+        def done(f: asyncio.Future[int]) -> None:
+            self._inflight.discard(f)
+            self._inflight_bytes -= size
+            self._room.set()
+            if f.cancelled() or f.exception() is not None:
+                err = f.exception() if not f.cancelled() else BKError("add cancelled")
+                if isinstance(err, LedgerFencedError) and not isinstance(err, StreamLockLostError):
+                    err = StreamLockLostError(f"stream {self.name!r}: its segment was fenced by another writer "
+                                              f"(takeover); this writer writes no more")
+                self._fail(err if isinstance(err, BKError) else BKError(repr(err)))
+            elif not self._inflight and self._control_due and not self._pending.records:
+                self._arm_control()
+        fut.add_done_callback(done)
+
+    def _on_set_acked(self, fut: asyncio.Future[int], seq: int, futures: list[asyncio.Future[Position]]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            err = self._error or BKError("record set add failed")
+            for f in futures:
+                if not f.done():
+                    f.set_exception(type(err)(str(err)))
+            return
+        entry = fut.result()
+        for slot, f in enumerate(futures):
+            if not f.done():
+                f.set_result(Position(seq, entry, slot))
+
+    # -- LAC for tailing readers ----------------------------------------------------------
+    def _arm_control(self) -> None:
+        if self._control_timer is None:
+            self._control_timer = self._loop.call_later(self._s.lac_idle_flush_ms / 1000.0, self._send_control)
+
+    def _send_control(self) -> None:
+        """The writer went idle: one control entry carries the LAC of the last set to the bookies.
+
+        Apache BookKeeper's LAC travels on the next add; without one, tailing readers would
+        not see an idle writer's last records until it wrote again (DistributedLog writes
+        control records for the same reason).
+        """
+        self._control_timer = None
+        if (self._inflight or self._pending.records or not self._control_due or self._rolling is not None
+                or self._suspended or self._error is not None or self._closed):
+            return
+        self._control_due = False
+        payload = recordset.encode_control(records_before=self._seg_records, last_txid=self._seg_last_txid)
+        try:
+            self._track(self._lh.add_entry_async(payload), len(payload))
+        except BKError as e:
+            self._fail(e)
+
+    # -- rolling -------------------------------------------------------------------------
+    async def _roll(self) -> None:
+        """Close the current segment, then add the next: no gap a reader could see as loss."""
+        await self._close_segment()
+        await self._start_segment()
+        self._spawn(self._ns.apply_retention(self.name))
+
+    def _roll_done(self, task: asyncio.Task[None]) -> None:
+        self._rolling = None
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            self._fail(err if isinstance(err, BKError) else BKError(f"segment roll failed: {err!r}"))
+            return
+        self._maybe_seal()
+
+    async def _close_segment(self) -> None:
+        """Wait for the sets in flight, close the ledger, then close the segment (CAS)."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._control_timer is not None:
+            self._control_timer.cancel()
+            self._control_timer = None
+        if self._error is not None:
+            raise self._error
+        lh, seg = self._lh, self._segment
+        await lh.close()
+        if lh.last_add_confirmed < 0:
+            await self._ns.retire_segment(self.name, seg)
+            return
+        closed = dataclasses.replace(seg, state="closed", first_txid=self._seg_first_txid,
+                                     last_txid=self._seg_last_txid, last_entry=lh.last_add_confirmed,
+                                     records=self._seg_records, size_bytes=lh.length, closed_ms=now_ms())
+        self._segment = await self._ns.bk.metadata_call(self._ns.store.update_segment, self._ns.name, self.name,
+                                                        closed)
+
+    # -- failing and closing ---------------------------------------------------------------
+    def _fail(self, err: BKError) -> None:
+        """The writer is done: pending and future writes fail with err (in-flight sets settle as
+        the bookies answer: an acknowledged one is durable and reported so)."""
+        if self._error is None:
+            self._error = err
+            log.info("stream %s: writer stopped: %s", self.name, err)
+        pending, self._pending = self._pending, _Pending()
+        for f in pending.futures:
+            if not f.done():
+                f.set_exception(type(err)(str(err)))
+        self._room.set()
+
+    def _spawn(self, coro: object) -> None:
+        task = self._loop.create_task(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("stream %s: background task failed: %s", self.name, task.exception())
+
+    async def flush(self) -> None:
+        """Send what is pending now and wait for everything sent to be acknowledged."""
+        self._seal_now()
+        while self._rolling is not None or self._inflight or self._pending.records:
+            if self._rolling is not None:
+                await asyncio.gather(self._rolling, return_exceptions=True)
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            self._seal_now()
+            if self._error is not None:
+                break
+        self._check_usable()
+
+    async def close(self) -> None:
+        """Flush, close the segment and release the lock. A fenced writer closes quietly."""
+        if self._closed:
+            return
+        try:
+            if self._error is None:
+                await self.flush()
+                await self._close_segment()
+        except LedgerFencedError:
+            pass
+        finally:
+            self._closed = True
+            for t in (self._timer, self._control_timer):
+                if t is not None:
+                    t.cancel()
+            await self._release()
+            if self._error is None:
+                self._error = WriterClosedError(f"the writer of stream {self.name!r} is closed")
+
+    async def _release(self) -> None:
+        self._ns.bk.store.zk.remove_listener(self._on_zk_state)
+        for task in list(self._background):
+            task.cancel()
+        if self._lock_node:
+            try:
+                await self._ns.bk.metadata_call(self._ns.store.lock_delete, self._lock_node)
+            except BKError as e:
+                log.info("stream %s: could not delete lock node (%s); it goes with the session", self.name, e)
+
+    async def __aenter__(self) -> StreamWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def last_txid(self) -> int:
+        """The txid of the last record accepted (written or pending)."""
+        return self._last_txid
+
+    @property
+    def segment(self) -> Segment | None:
+        return dataclasses.replace(self._segment) if self._segment else None
