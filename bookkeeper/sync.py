@@ -1,4 +1,4 @@
-"""The blocking twin of the asyncio client: same names, no await.
+"""The blocking twin of the asyncio client and of streams: same names, no await.
 
 Why a loop thread: the asyncio client is the one implementation; this module runs
 it on a private uvloop event loop in a daemon thread and blocks the caller on each
@@ -19,10 +19,14 @@ import uvloop
 from bookkeeper.client import BookKeeper as AsyncBookKeeper
 from bookkeeper.client import LedgerEntry, ReadHandle as AsyncReadHandle
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
+from bookkeeper.stream import Namespace as AsyncNamespace
+from bookkeeper.stream import Position, StreamReader as AsyncStreamReader, StreamRecord
+from bookkeeper.stream import StreamWriter as AsyncStreamWriter
 
 T = TypeVar("T")
 
-__all__ = ["BookKeeper", "DigestType", "LedgerEntry", "ReadHandle", "WriteHandle"]
+__all__ = ["BookKeeper", "DigestType", "LedgerEntry", "Namespace", "Position", "ReadHandle", "StreamReader",
+           "StreamRecord", "StreamWriter", "WriteHandle"]
 
 
 class _LoopThread:
@@ -137,3 +141,116 @@ class BookKeeper:
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return self._lt.call(self._bk.ledger_metadata(ledger_id))
+
+
+class StreamWriter:
+    """Blocking view of a stream writer (`Namespace.open_writer`)."""
+
+    def __init__(self, lt: _LoopThread, writer: AsyncStreamWriter) -> None:
+        self._lt = lt
+        self._w = writer
+
+    name = property(lambda self: self._w.name)
+    last_txid = property(lambda self: self._w.last_txid)
+
+    def write(self, data: bytes, txid: int | None = None) -> Position:
+        return self._lt.call(self._w.write(data, txid))
+
+    def write_batch(self, records: list[bytes], txids: list[int] | None = None) -> list[Position]:
+        return self._lt.call(self._w.write_batch(records, txids))
+
+    def flush(self) -> None:
+        self._lt.call(self._w.flush())
+
+    def close(self) -> None:
+        self._lt.call(self._w.close())
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamReader:
+    """Blocking view of a stream reader: a plain iterator of StreamRecord."""
+
+    def __init__(self, lt: _LoopThread, reader: AsyncStreamReader) -> None:
+        self._lt = lt
+        self._r = reader
+
+    position = property(lambda self: self._r.position)
+
+    def __iter__(self) -> Iterator[StreamRecord]:
+        return self
+
+    def __next__(self) -> StreamRecord:
+        try:
+            return self._lt.call(self._r.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._lt.call(self._r.close())
+
+    def __enter__(self) -> StreamReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Namespace:
+    """Blocking namespace of streams: `bookkeeper.sync.Namespace.connect(uri, name)`."""
+
+    def __init__(self, lt: _LoopThread, ns: AsyncNamespace) -> None:
+        self._lt = lt
+        self._ns = ns
+
+    name = property(lambda self: self._ns.name)
+
+    @classmethod
+    def connect(cls, metadata_uri: str, name: str = "default", **kwargs: Any) -> Namespace:
+        lt = _LoopThread()
+        try:
+            ns = lt.call(AsyncNamespace.connect(metadata_uri, name, **kwargs))
+        except BaseException:
+            lt.stop()
+            raise
+        return cls(lt, ns)
+
+    def __enter__(self) -> Namespace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._lt.call(self._ns.close())
+        finally:
+            self._lt.stop()
+
+    def create_stream(self, name: str, **kwargs: Any) -> None:
+        self._lt.call(self._ns.create_stream(name, **kwargs))
+
+    def list_streams(self) -> list[str]:
+        return self._lt.call(self._ns.list_streams())
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return self._lt.call(self._ns.describe(name))
+
+    def open_writer(self, name: str, **kwargs: Any) -> StreamWriter:
+        return StreamWriter(self._lt, self._lt.call(self._ns.open_writer(name, **kwargs)))
+
+    def open_reader(self, name: str, start: str | Position = "earliest", **kwargs: Any) -> StreamReader:
+        return StreamReader(self._lt, self._lt.call(self._ns.open_reader(name, start, **kwargs)))
+
+    def truncate(self, name: str, *, before: Position) -> list[int]:
+        return self._lt.call(self._ns.truncate(name, before=before))
+
+    def apply_retention(self, name: str) -> list[int]:
+        return self._lt.call(self._ns.apply_retention(name))
+
+    def delete_stream(self, name: str) -> None:
+        self._lt.call(self._ns.delete_stream(name))

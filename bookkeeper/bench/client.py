@@ -15,7 +15,7 @@ from typing import Any
 import uvloop
 
 from bookkeeper.bench import BenchResult, histogram, latency_ms
-from bookkeeper.bench.cluster import _closed_loop, _HandleAdds
+from bookkeeper.bench.cluster import closed_loop, HandleAdds
 from bookkeeper.client.bookie_client import _ShardProtocol
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.ledger import WriteHandle
@@ -60,7 +60,7 @@ async def _run(ensemble: int, write_quorum: int, ack_quorum: int, size: int, sec
                         digest=DigestType.CRC32C, password_digest=password_digest(b""), ensembles={0: ids})
     lat = histogram()
     cpu0 = time.process_time()
-    n, dt = await _closed_loop([_HandleAdds(WriteHandle(bk, md, b""))], os.urandom(size), seconds, window, lat)
+    n, dt = await closed_loop([HandleAdds(WriteHandle(bk, md, b""))], os.urandom(size), seconds, window, lat)
     cpu = time.process_time() - cpu0
     bk.pool.close()
     return BenchResult(f"client {ensemble}/{write_quorum}/{ack_quorum} {size} B W={window} (echo bookies)",

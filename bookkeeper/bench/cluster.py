@@ -22,7 +22,7 @@ from bookkeeper.testing.cluster import LocalCluster
 PRODUCTION_JOURNAL = {"journal_preallocate_bytes": 64 << 20}  # the bookie default, not the test harness's
 
 
-def _processes(cluster: LocalCluster) -> dict[str, int]:
+def cluster_processes(cluster: LocalCluster) -> dict[str, int]:
     """The processes a run involves: this client, and every bookie's supervisor and shards."""
     out = {f"client[{os.getpid()}]": os.getpid()}
     for i, b in enumerate(cluster.bookies):
@@ -33,7 +33,7 @@ def _processes(cluster: LocalCluster) -> dict[str, int]:
     return out
 
 
-def _rss(cluster: LocalCluster) -> dict[str, float | None]:
+def cluster_rss(cluster: LocalCluster) -> dict[str, float | None]:
     out: dict[str, float | None] = {f"client[{os.getpid()}]": peak_rss_mb(os.getpid())}
     for i, b in enumerate(cluster.bookies):
         if b.pid:
@@ -55,7 +55,7 @@ async def _ledgers_over_shards(bk: BookKeeper, shards: int, **kw: Any) -> list:
 Done = Callable[[float, int, "BaseException | None"], None]  # (sent or intended time, entry id, error)
 
 
-class _HandleAdds:
+class HandleAdds:
     """The client driver: adds through a write handle; completion through its future."""
 
     def __init__(self, lh: Any) -> None:
@@ -104,7 +104,7 @@ class _RawAdds:
             self.conn.ensure_connecting()
 
 
-async def _closed_loop(senders: list, payload: bytes, seconds: float, window: int, lat: Latencies,
+async def closed_loop(senders: list, payload: bytes, seconds: float, window: int, lat: Latencies,
                        acked_at: dict[int, float] | None = None) -> tuple[int, float]:
     """W adds in flight: each completion records its latency and sends the next add, so the
     generator costs one callback per add (no task wakeup, no polling)."""
@@ -197,7 +197,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
     cluster = LocalCluster(tempfile.mkdtemp(prefix="bookie-", dir=directory), bookies=1, shards=shards,
                            journal_sync=sync, bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
-    watch = ProcessWatch(_processes(cluster))
+    watch = ProcessWatch(cluster_processes(cluster))
     phases: list[tuple[str, int, Latencies, float, dict]] = []
     try:
         async def phase(handles: list, payload: bytes, mode: str, part: float, *, window: int = 0,
@@ -207,7 +207,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
             if rate:
                 n, dt = await _open_loop(handles, payload, part, rate, lat)
             else:
-                n, dt = await _closed_loop(handles, payload, part, window, lat)
+                n, dt = await closed_loop(handles, payload, part, window, lat)
             phases.append((mode, n, lat, dt, watch.per_op(before, n, dt)))
 
         async def main() -> None:
@@ -215,7 +215,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
             try:
                 async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=1 << 20) as bk:
                     handles = await _ledgers_over_shards(bk, shards, ensemble=1, write_quorum=1, ack_quorum=1)
-                    handles = [_RawAdds(bk, lh) if driver == "raw" else _HandleAdds(lh) for lh in handles]
+                    handles = [_RawAdds(bk, lh) if driver == "raw" else HandleAdds(lh) for lh in handles]
                     payload = os.urandom(size)
                     if open_loop_rate:
                         await phase(handles, payload, f"open loop {open_loop_rate:,.0f}/s", seconds,
@@ -228,7 +228,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
             finally:
                 sampler.cancel()
         uvloop.run(main())
-        rss = _rss(cluster)
+        rss = cluster_rss(cluster)
     finally:
         cluster.stop()
     rss_over_run = {k: v for k, v in watch.rss_summary().items() if "shard" in k}
@@ -249,7 +249,7 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
     cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync,
                            bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
-    watch = ProcessWatch(_processes(cluster))
+    watch = ProcessWatch(cluster_processes(cluster))
     phases: list[tuple[str, int, Latencies, float, dict, Latencies | None]] = []
     try:
         async def main() -> None:
@@ -258,7 +258,7 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
                 lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
                 payload = os.urandom(size)
                 lat, before = histogram(), watch.cpu()
-                n, dt = await _closed_loop([_HandleAdds(lh)], payload, seconds / 2, window, lat)
+                n, dt = await closed_loop([HandleAdds(lh)], payload, seconds / 2, window, lat)
                 phases.append((f"W={window}", n, lat, dt, watch.per_op(before, n, dt), None))
 
                 rh = await reader.open_ledger(lh.ledger_id, recovery=False)
@@ -273,12 +273,12 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
 
                 tailer = asyncio.create_task(tail(lh.last_add_confirmed + 1))
                 lat, before = histogram(), watch.cpu()
-                n, dt = await _closed_loop([_HandleAdds(lh)], payload, seconds / 2, 1, lat, acked_at)
+                n, dt = await closed_loop([HandleAdds(lh)], payload, seconds / 2, 1, lat, acked_at)
                 phases.append(("W=1, tailing reader", n, lat, dt, watch.per_op(before, n, dt), tail_lat))
                 await lh.close()
                 await asyncio.wait_for(tailer, 30)
         uvloop.run(main())
-        rss = _rss(cluster)
+        rss = cluster_rss(cluster)
     finally:
         cluster.stop()
     return [BenchResult(f"cluster 3/2/2 {size} B {mode}", n / dt, n * size / dt / 1e6, latency_ms(lat),
@@ -320,7 +320,7 @@ def read_bench(directory: str, *, size: int, entries: int, sync: str = "io_uring
                     n += len(got)
                 return n, time.perf_counter() - t0
         n, dt = uvloop.run(read())
-        rss = _rss(cluster)
+        rss = cluster_rss(cluster)
     finally:
         cluster.stop()
     return BenchResult(f"cold read {size} B x {entries}", n / dt, n * size / dt / 1e6, latency_ms(h),

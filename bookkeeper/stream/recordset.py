@@ -81,7 +81,10 @@ def decode(entry: bytes) -> RecordSet:
     codec = entry[1] & 0x03
     body = memoryview(entry)[HEADER_BYTES:]
     if codec == CODEC_ZSTD:
-        body = memoryview(_ZSTD_D.decompress(body))
+        try:
+            body = memoryview(_ZSTD_D.decompress(body))
+        except zstandard.ZstdError as e:
+            raise ProtocolError(f"record set does not decompress: {e}") from None
     elif codec != CODEC_NONE:
         raise ProtocolError(f"record set codec {codec} is unknown")
     records: list[tuple[int, bytes]] = []

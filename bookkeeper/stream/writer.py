@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kazoo.protocol.states import KazooState, WatchedEvent
+from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 
 from bookkeeper.client.ledger import WriteHandle
 from bookkeeper.errors import (BKError, ConfigError, LedgerFencedError, MetadataVersionError, StreamLockLostError,
@@ -151,17 +151,27 @@ class StreamWriter:
             watch = self._threadsafe(gone.set)
             if await ns.bk.metadata_call(store.lock_watch, f"{base}/{older[-1]}", watch):
                 await gone.wait()
-        watching = await ns.bk.metadata_call(store.lock_watch, self._lock_node, self._threadsafe(self._on_lock_event))
+        watching = await ns.bk.metadata_call(store.lock_watch, self._lock_node, self._on_lock_event)
         if not watching:
             raise StreamLockLostError(f"stream {self.name!r}: this writer's lock node vanished")
 
     def _threadsafe(self, fn: Callable[[], None]) -> Callable[[WatchedEvent], None]:
         return lambda _event: self._loop.call_soon_threadsafe(fn)
 
-    def _on_lock_event(self) -> None:
+    def _on_lock_event(self, event: WatchedEvent) -> None:
+        """kazoo thread: the lock node was deleted (a takeover) or the session ended."""
+        if event.type == EventType.DELETED:
+            why = "another writer took over (this writer's lock node is gone)"
+        elif event.state in (KeeperState.EXPIRED_SESSION, KeeperState.AUTH_FAILED) or event.type == EventType.NONE:
+            why = "the ZooKeeper session expired, so the lock is gone and another writer may own the stream"
+        else:
+            return  # a change of the node's data: not ours to act on
+        err = StreamLockLostError(f"stream {self.name!r}: {why}; this writer writes no more")
+        self._loop.call_soon_threadsafe(self._lock_lost, err)
+
+    def _lock_lost(self, err: StreamLockLostError) -> None:
         if not self._closed:
-            self._fail(StreamLockLostError(f"stream {self.name!r}: another writer took over (this writer's lock "
-                                           f"node is gone); it writes no more"))
+            self._fail(err)
 
     def _on_zk_state(self, state: KazooState) -> None:
         """kazoo thread: pause on a lost connection, fail on an expired session, resume on reconnect."""
