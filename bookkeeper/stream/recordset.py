@@ -20,6 +20,7 @@ Layout (big-endian), version 1:
 from __future__ import annotations
 
 import struct
+from itertools import chain
 from dataclasses import dataclass
 
 import zstandard
@@ -54,7 +55,9 @@ class RecordSet:
 
 def encode(records: list[tuple[int, bytes]], *, records_before: int, codec: int = CODEC_NONE) -> bytes:
     """Pack (txid, payload) pairs into one entry."""
-    body = b"".join([_RECORD.pack(txid, len(data)) + data for txid, data in records])
+    txids, datas = zip(*records)
+    # (header, payload) pairs joined by C iterators: no Python frame per record
+    body = b"".join(chain.from_iterable(zip(map(_RECORD.pack, txids, map(len, datas)), datas)))
     if codec == CODEC_ZSTD:
         body = _ZSTD_C.compress(body)
     return _HEADER.pack(VERSION, codec, len(records), records_before, records[-1][0]) + body
