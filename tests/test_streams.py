@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 
 import bookkeeper.sync
 from bookkeeper import errors
+from bookkeeper.meta.streams import Segment
 from bookkeeper.stream import Namespace, Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
@@ -121,6 +122,24 @@ def test_a_new_writer_fences_the_old_one_which_closes_quietly(cluster) -> None:
             await w1.close()
             await w2.close()
             assert [(r.txid, r.data) for r in await read_all(ns, "takeover")] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    run(main())
+
+
+def test_a_writer_that_missed_the_takeover_cannot_add_a_segment(cluster) -> None:
+    """The stream node as the old writer last wrote it is stale once a new writer opened
+    (epoch bump): adding a segment from it fails the compare-and-set."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("epoch")
+            w1 = await ns.open_writer("epoch")
+            stale = await ns.stream_meta("epoch")   # what w1 wrote last (its segment add)
+            w2 = await ns.open_writer("epoch")
+            assert (await ns.stream_meta("epoch")).epoch == stale.epoch + 1
+            with pytest.raises(errors.MetadataVersionError):
+                await ns.bk.metadata_call(ns.store.add_segment, ns.name, stale,
+                                          Segment(seq=stale.next_seq, ledger_id=10**9))
+            await w1.close()
+            await w2.close()
     run(main())
 
 

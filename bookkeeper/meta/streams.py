@@ -7,7 +7,7 @@ Layout under the metadata root (docs/streams.md):
   streams/<ns>/<stream>/lock/w-<zk seq>        ephemeral sequential: writers, newest owns
 
 Stream JSON: {"format", "ctime_ms", "retention_max_age_s", "retention_max_bytes",
-"ensemble", "write_quorum", "ack_quorum", "next_seq"}. Segment JSON: {"format", "seq",
+"ensemble", "write_quorum", "ack_quorum", "next_seq", "epoch"}. Segment JSON: {"format", "seq",
 "ledger_id", "state" (open | closed | truncated), "first_txid", "last_txid", "first_entry",
 "last_entry", "records", "bytes", "ctime_ms", "closed_ms"}.
 
@@ -15,7 +15,10 @@ Why every update is a compare-and-set: two writers (an old one that has not noti
 takeover, and the new one) may both try to change a stream. Adding a segment is one
 multi-op that sets the stream node at its read version (bumping next_seq) and creates the
 segment node, so a writer that read a stale stream can never add a segment; closing a
-segment is a versioned set of its node. `format` is the JSON layout's version: readers
+segment is a versioned set of its node. A writer that opens bumps `epoch` (a versioned set)
+before it recovers the previous writer's segment, so the previous writer, which remembers the
+version of its own last write, can no longer add a segment even if it never hears of the
+takeover. `format` is the JSON layout's version: readers
 refuse a newer one instead of misreading it.
 
 The ledger subtree ignores this one: ledger levels are two-digit children of the root.
@@ -67,6 +70,7 @@ class StreamMeta:
     retention_max_bytes: int | None
     next_seq: int
     ctime_ms: int
+    epoch: int = 0                 # writers that opened the stream so far
     version: int = -1
 
     def to_json(self) -> bytes:
@@ -202,6 +206,17 @@ class StreamStore:
         t.create(self._segment_path(ns, stream.name, segment.seq), segment.to_json())
         _raise_first(t.commit(), f"add segment {segment.seq} to stream {stream.name!r}")
         return dataclasses.replace(bumped, version=stream.version + 1), dataclasses.replace(segment, version=0)
+
+    def bump_epoch(self, ns: str, stream: StreamMeta) -> StreamMeta:
+        """A new writer's claim: set the stream node (at its read version) with epoch + 1."""
+        bumped = dataclasses.replace(stream, epoch=stream.epoch + 1)
+        try:
+            stat = self.zk.set(self.stream_path(ns, stream.name), bumped.to_json(), version=stream.version)
+        except BadVersionError:
+            raise MetadataVersionError(f"stream {stream.name!r} changed while a writer opened it") from None
+        except NoNodeError:
+            raise StreamNotFoundError(f"stream {stream.name!r} does not exist in namespace {ns!r}") from None
+        return dataclasses.replace(bumped, version=stat.version)
 
     def update_segment(self, ns: str, name: str, segment: Segment) -> Segment:
         """Compare-and-set one segment at segment.version."""

@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 from bookkeeper.client import BookKeeper
-from bookkeeper.client.ledger import WriteHandle
 from bookkeeper.errors import ConfigError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.streams import Segment, StreamMeta, StreamStore, check_name, now_ms
 from bookkeeper.stream import policy, recordset
@@ -144,12 +143,6 @@ class Namespace:
         return reader
 
     # -- segments: used by the writer ---------------------------------------------------
-    async def create_segment_ledger(self, name: str) -> WriteHandle:
-        meta = await self.stream_meta(name)
-        return await self.bk.create_ledger(ensemble=meta.ensemble, write_quorum=meta.write_quorum,
-                                           ack_quorum=meta.ack_quorum, password=self.password,
-                                           custom_metadata={"stream": f"{self.name}/{name}".encode()})
-
     async def recover_segment(self, name: str, seg: Segment) -> Segment:
         """Fence and close an open segment's ledger (a recovery open), then close the segment
         with its figures read from the ledger's first and last entries. Empty: retired."""

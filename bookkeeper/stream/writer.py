@@ -31,7 +31,7 @@ from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEve
 from bookkeeper.client.ledger import WriteHandle
 from bookkeeper.errors import (BKError, ConfigError, LedgerFencedError, MetadataVersionError, StreamLockLostError,
                                TooLargeError, TxidOrderError, WriterClosedError)
-from bookkeeper.meta.streams import Segment, now_ms
+from bookkeeper.meta.streams import Segment, StreamMeta, now_ms
 from bookkeeper.stream import recordset
 from bookkeeper.stream.policy import roll_reason
 from bookkeeper.stream.position import Position
@@ -128,6 +128,7 @@ class StreamWriter:
         self._loop = asyncio.get_running_loop()
         self._codec = recordset.CODECS[settings.compression]
         self._lock_node = ""
+        self._meta: StreamMeta | None = None   # the stream node as this writer last wrote it
         self._lh: WriteHandle | None = None
         self._segment: Segment | None = None
         self._seg_started = 0.0
@@ -158,6 +159,8 @@ class StreamWriter:
         self._lock_node = await ns.bk.metadata_call(store.lock_create, ns.name, self.name, owner)
         try:
             await self._acquire()
+            meta = await ns.stream_meta(self.name)
+            self._meta = await ns.bk.metadata_call(store.bump_epoch, ns.name, meta)
             segments = await ns.segments(self.name)
             if segments and segments[-1].state == "open":
                 segments[-1] = await ns.recover_segment(self.name, segments[-1])
@@ -227,12 +230,15 @@ class StreamWriter:
             self._maybe_seal()
 
     async def _start_segment(self) -> None:
+        """A new ledger, and its segment added at the stream version this writer last wrote:
+        fails (StreamLockLostError) if any other writer opened or rolled the stream since."""
         ns = self._ns
-        lh = await ns.create_segment_ledger(self.name)
+        lh = await ns.bk.create_ledger(ensemble=self._meta.ensemble, write_quorum=self._meta.write_quorum,
+                                       ack_quorum=self._meta.ack_quorum, password=ns.password,
+                                       custom_metadata={"stream": f"{ns.name}/{self.name}".encode()})
         try:
-            meta = await ns.bk.metadata_call(ns.store.read_stream, ns.name, self.name)
-            seg = Segment(seq=meta.next_seq, ledger_id=lh.ledger_id, ctime_ms=now_ms())
-            _, seg = await ns.bk.metadata_call(ns.store.add_segment, ns.name, meta, seg)
+            seg = Segment(seq=self._meta.next_seq, ledger_id=lh.ledger_id, ctime_ms=now_ms())
+            self._meta, seg = await ns.bk.metadata_call(ns.store.add_segment, ns.name, self._meta, seg)
         except BaseException as e:
             await ns.bk.delete_ledger(lh.ledger_id)
             if isinstance(e, MetadataVersionError):
