@@ -22,25 +22,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from bookkeeper.cli.common import UsageError, err, error_line, metadata_uri, out
+from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.errors import BKError
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
-
-class UsageError(Exception):
-    """A mistake on the command line: printed as one line, exit code 2."""
-
-
-def _uri(args: argparse.Namespace) -> str:
-    uri = getattr(args, "metadata_uri", None) or os.environ.get("BK_METADATA_URI")
-    if not uri:
-        raise UsageError("no metadata URI: pass --metadata-uri zk://host:port/ledgers or set BK_METADATA_URI")
-    return uri
 
 
 def _with_client(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
@@ -51,7 +38,7 @@ def _with_client(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argpa
         from bookkeeper import BookKeeper
 
         async def main() -> int:
-            async with await BookKeeper.connect(_uri(args)) as bk:
+            async with await BookKeeper.connect(metadata_uri(args)) as bk:
                 return await fn(bk, args)
         return uvloop.run(main())
     return run
@@ -108,7 +95,7 @@ async def cmd_bookies_can_stop(bk: Any, args: argparse.Namespace) -> int:
         print(f"{args.bookie_id} can stop: {len(writable - {args.bookie_id})} other writable bookie(s), "
               f"largest open ensemble {largest}")
     if reason is not None:
-        _error_line(f"bk: {reason}")
+        error_line(f"bk: {reason}")
         return 1
     return 0
 
@@ -223,7 +210,7 @@ def cmd_autorecovery_run(args: argparse.Namespace) -> int:
     from bookkeeper.autorecovery import AutoRecoveryService
     from bookkeeper.meta.zk import ZkMetadataStore
 
-    uri = _uri(args)
+    uri = metadata_uri(args)
     ZkMetadataStore(uri, create=False).close()  # a wrong URI is an error now, not retries forever
     logging.getLogger().setLevel(logging.INFO)
     service = AutoRecoveryService(uri, lost_bookie_delay_s=args.lost_bookie_delay_s,
@@ -381,7 +368,7 @@ def cmd_bookie_gc(args: argparse.Namespace) -> int:
                   f"{result.get('duration_s', 0.0):.2f}")
     out.print(table)
     if result.get("shards_failed"):
-        _error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
+        error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
         return 1
     return 0
 
@@ -483,6 +470,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif args.bench == "client":
                 from bookkeeper.bench.client import client_bench
                 results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=window)
+            elif args.bench == "stream":
+                from bookkeeper.bench.stream import stream_bench
+                results = stream_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds, batch=args.batch,
+                                       sync=args.sync)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
                                         window=window, sync=args.sync)
@@ -619,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ledger_delete)
 
     s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
-    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client"])
+    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client", "stream"])
     s.add_argument("--json", action="store_true")
     s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
     s.add_argument("--seconds", type=float, default=20.0)
@@ -636,9 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--in-shard", action="store_true",
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
+    s.add_argument("--batch", type=int, default=1000, help="stream: records per write_batch")
     s.set_defaults(func=cmd_bench)
 
     _add_autorecovery_parsers(sub, common)
+    add_stream_parsers(sub, common)
 
     s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
     s.add_argument("--ensemble", "-e", type=int, default=3)
@@ -648,11 +641,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--entry-size", type=int, default=100)
     s.set_defaults(func=cmd_simpletest)
     return p
-
-
-def _error_line(message: str) -> None:
-    """One plain line on stderr: no wrapping, no markup (the text may quote user input)."""
-    print(" ".join(message.split()), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -666,10 +654,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as e:
-        _error_line(f"bk: {e}")
+        error_line(f"bk: {e}")
         return 2
     except BKError as e:
-        _error_line(f"bk: {type(e).__name__}: {e}")
+        error_line(f"bk: {type(e).__name__}: {e}")
         return 1
     except KeyboardInterrupt:
         return 130

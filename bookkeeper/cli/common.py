@@ -1,0 +1,32 @@
+"""What every `bk` sub-command module shares: the consoles, the usage error, the metadata URI.
+
+Why a module of its own: `main` builds the parser from the sub-command modules (streams,
+...), and they need these too; here neither imports the other.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rich.console import Console
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """A mistake on the command line: printed as one line, exit code 2."""
+
+
+def metadata_uri(args: argparse.Namespace) -> str:
+    """--metadata-uri, else BK_METADATA_URI, else a usage error."""
+    uri = getattr(args, "metadata_uri", None) or os.environ.get("BK_METADATA_URI")
+    if not uri:
+        raise UsageError("no metadata URI: pass --metadata-uri zk://host:port/ledgers or set BK_METADATA_URI")
+    return uri
+
+
+def error_line(message: str) -> None:
+    """One plain line on stderr: no wrapping, no markup (the text may quote user input)."""
+    print(" ".join(message.split()), file=sys.stderr)
