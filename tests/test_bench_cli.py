@@ -53,3 +53,13 @@ def test_bench_client_reports_cpu_per_add_for_both_quorum_configs(tmp_path: Path
     names = [r["name"] for r in doc["results"]]
     assert [n.split()[1] for n in names] == ["1/1/1", "3/2/2"]
     assert all(r["ops_per_s"] > 0 and r["cpu_us_per_add"] > 0 for r in doc["results"])
+
+
+def test_bench_stream_reports_records_and_the_ratio_to_a_ledger(tmp_path: Path) -> None:
+    """`bench stream`: the stream row first (records/s), then the ledger phase of the same run,
+    and the ratio between them."""
+    doc = bench("stream", "--seconds", "2", "--batch", "200", tmp=tmp_path)
+    stream, ledger = doc["results"]
+    assert stream["name"].startswith("stream 3/2/2") and ledger["name"].startswith("ledger 3/2/2")
+    assert abs(stream["ratio_to_cluster"] - stream["ops_per_s"] / ledger["ops_per_s"]) < 0.01
+    assert not list(tmp_path.iterdir()), "bench leaves no data behind"
