@@ -168,6 +168,11 @@ def test_writer_whose_zookeeper_session_expires_stops_writing(cluster) -> None:
 
 
 def _start_writer(cluster: LocalCluster, stream: str, limit: int = 100_000) -> subprocess.Popen:
+    """Create the stream in namespace "failover", then start tests/stream_writer_proc.py on it."""
+    async def make() -> None:
+        async with await Namespace.connect(cluster.metadata_uri, "failover") as ns:
+            await ns.create_stream(stream)
+    run(make())
     proc = subprocess.Popen([sys.executable, "-m", "tests.stream_writer_proc", cluster.metadata_uri, stream, "20",
                              str(limit)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -190,10 +195,6 @@ def test_writer_killed_mid_stream_fails_over_without_loss_or_duplicates(cluster)
     """kill -9 a writer process with writes in flight; a second writer takes over. Every record
     the first saw acknowledged is there once, in order, before the second's; unacknowledged ones
     at most once; nothing else. Prints the failover time (kill to the new writer's first ack)."""
-    async def make() -> None:
-        async with await Namespace.connect(cluster.metadata_uri, "failover") as ns:
-            await ns.create_stream("killed")
-    run(make())
     proc = _start_writer(cluster, "killed")
     try:
         acks = _read_acks(proc, 500)
@@ -232,10 +233,6 @@ def test_writer_killed_mid_stream_fails_over_without_loss_or_duplicates(cluster)
 def test_paused_writer_fails_its_next_write_with_a_fencing_error(cluster) -> None:
     """SIGSTOP a writer process, take over, SIGCONT it: its next write fails with a LedgerFencedError
     and everything it saw acknowledged is in the stream before the new writer's record."""
-    async def make() -> None:
-        async with await Namespace.connect(cluster.metadata_uri, "failover") as ns:
-            await ns.create_stream("paused")
-    run(make())
     proc = _start_writer(cluster, "paused")
     try:
         acks = _read_acks(proc, 100)
