@@ -125,6 +125,25 @@ def test_a_new_writer_fences_the_old_one_which_closes_quietly(cluster) -> None:
     run(main())
 
 
+def test_standby_writer_waits_for_the_lock_instead_of_taking_over(cluster) -> None:
+    """open_writer(takeover=False) waits while another writer holds the stream, and opens (after
+    its records) once that writer closes."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("standby")
+            w1 = await ns.open_writer("standby")
+            standby = asyncio.create_task(ns.open_writer("standby", takeover=False))
+            await asyncio.sleep(0.5)
+            assert not standby.done()
+            await w1.write(b"active")
+            await w1.close()
+            w2 = await asyncio.wait_for(standby, 10)
+            await w2.write(b"standby")
+            await w2.close()
+            assert [r.data for r in await read_all(ns, "standby")] == [b"active", b"standby"]
+    run(main())
+
+
 def test_a_writer_that_missed_the_takeover_cannot_add_a_segment(cluster) -> None:
     """The stream node as the old writer last wrote it is stale once a new writer opened
     (epoch bump): adding a segment from it fails the compare-and-set."""
