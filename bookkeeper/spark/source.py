@@ -1,0 +1,133 @@
+"""The "bookkeeper" format: PySpark 4's Python Data Source API over ledgers and streams.
+
+Driver side: planning (`partitions`, and for streaming `initialOffset`/`latestOffset`) runs
+each call on a fresh event loop with its own client (`uvloop.run`), so nothing long-lived
+sits in a reader that Spark pickles. Executor side: `read` gets a pickled copy of the reader
+and one partition, connects, reads, closes (ledgers.py, streams.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import uvloop
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from bookkeeper.errors import ConfigError
+from bookkeeper.spark import ledgers, streams
+from bookkeeper.spark.options import SourceOptions
+from bookkeeper.stream import Position
+
+
+class _Partition(InputPartition):
+    """A LedgerRange or a StreamRange (frozen dataclasses: picklable)."""
+
+
+class BookKeeperDataSource(DataSource):
+    """`spark.read.format("bookkeeper")` / `spark.readStream.format("bookkeeper")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bookkeeper"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.opts = SourceOptions.parse(options)
+
+    def schema(self) -> str:
+        return streams.STREAM_SCHEMA if self.opts.stream else ledgers.LEDGER_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(self.opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if not self.opts.stream:
+            raise ConfigError("a streaming read needs the stream option (ledgers are read in batch)")
+        return StreamReader(self.opts)
+
+
+class BatchReader(DataSourceReader):
+    """Ledgers (one partition per ledger or per entry range) or a stream's [start, end)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        if self.opts.ledgers is not None:
+            return [_Partition(r) for r in uvloop.run(ledgers.plan_ledgers(self.opts))]
+        return [_Partition(r) for r in uvloop.run(self._plan_stream())]
+
+    async def _plan_stream(self) -> list[streams.StreamRange]:
+        start = await streams.resolve(self.opts, self.opts.starting)
+        end = await streams.resolve(self.opts, self.opts.ending)
+        return await streams.plan_stream(self.opts, start, end) if start < end else []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+
+def _read(opts: SourceOptions, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
+    """One partition's batches. Spark calls read once with no partition when partitions() was
+    empty (nothing to read): that yields nothing."""
+    value = getattr(partition, "value", None)
+    if value is None:
+        return iter(())
+    if isinstance(value, streams.StreamRange):
+        return streams.read_stream_range(opts, value)
+    return ledgers.read_ledger_range(opts, value)
+
+
+def _offset(pos: Position) -> dict[str, Any]:
+    """Offsets are JSON in Spark's offset log: a position string, readable by people."""
+    return {"position": str(pos)}
+
+
+def _position(offset: dict[str, Any]) -> Position:
+    return Position.parse(offset["position"])
+
+
+class StreamReader(DataSourceStreamReader):
+    """Micro-batches of [start, end) positions; `maxRecordsPerTrigger` bounds each one.
+
+    `commit` does nothing: a query's progress lives in its checkpoint, and retention stays
+    the stream's own setting (docs/spark.md says why).
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def initialOffset(self) -> dict[str, Any]:
+        return _offset(uvloop.run(streams.resolve(self.opts, self.opts.starting)))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
+        """The end of what is acknowledged now (new segments included), or `limit` records past start."""
+        end = uvloop.run(streams.resolve(self.opts, "latest"))
+        if start is None:
+            return _offset(end)
+        first = _position(start)
+        if end <= first:
+            return start
+        if limit is None and self.opts.max_records_per_trigger:  # a Spark that passes no limit
+            limit = ReadMaxRows(self.opts.max_records_per_trigger)
+        if isinstance(limit, ReadMaxRows):
+            end = uvloop.run(streams.advance(self.opts, first, end, limit.max_rows))
+        return _offset(end)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        a, b = _position(start), _position(end)
+        if b <= a:
+            return []
+        return [_Partition(r) for r in uvloop.run(streams.plan_stream(self.opts, a, b))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: progress is the query's checkpoint, not the stream's state."""
