@@ -59,6 +59,11 @@ class ReadHandle:
     def read(self, first: int, last: int) -> list[LedgerEntry]:
         return self._lt.call(self._h.read(first, last))
 
+    def read_async(self, first: int, last: int) -> concurrent.futures.Future[list[LedgerEntry]]:
+        """Start a range read and return at once: a caller can work on one range while the next
+        is in flight (the Spark source's partition readers do)."""
+        return asyncio.run_coroutine_threadsafe(self._h.read(first, last), self._lt.loop)
+
     def read_last_add_confirmed(self) -> int:
         return self._lt.call(self._h.read_last_add_confirmed())
 

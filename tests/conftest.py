@@ -69,33 +69,13 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local[2] SparkSession for the whole test session (a JVM start costs ~8 s), with the
-    "bookkeeper" format registered. Workers run this interpreter (PYSPARK_PYTHON), which has
-    the package; the JVM is stopped by its pid at the end."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    import bookkeeper.spark
-
-    session = (SparkSession.builder.master("local[2]").appName("bookkeeper-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    bookkeeper.spark.register(session)
-    jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
+    "bookkeeper" format registered; its JVM is stopped by pid at the end."""
+    from bookkeeper.spark.session import local_session, stop_session
+    session = local_session(app="bookkeeper-tests")
     try:
         yield session
     finally:
-        session.stop()
-        SparkContext._gateway.shutdown()  # type: ignore[union-attr]
-        if jvm is not None and jvm.poll() is None:
-            jvm.terminate()
-            try:
-                jvm.wait(30)
-            except subprocess.TimeoutExpired:
-                jvm.kill()
-                jvm.wait()
+        stop_session(session)
 
 
 @pytest.fixture

@@ -63,3 +63,15 @@ def test_bench_stream_reports_records_and_the_ratio_to_a_ledger(tmp_path: Path) 
     assert stream["name"].startswith("stream 3/2/2") and ledger["name"].startswith("ledger 3/2/2")
     assert abs(stream["ratio_to_cluster"] - stream["ops_per_s"] / ledger["ops_per_s"]) < 0.01
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
+def test_bench_spark_reads_the_same_ledgers_with_spark_and_the_client(tmp_path: Path) -> None:
+    """`bench spark` (scaled down): a Spark row and a client row per entry size, Spark's checked
+    against the client's row and byte counts inside the bench, with the ratio."""
+    doc = bench("spark", "--scale", "0.02", tmp=tmp_path)
+    names = [r["name"] for r in doc["results"]]
+    assert [n.split()[0] for n in names] == ["spark", "client"] * 3
+    spark_rows = doc["results"][0::2]
+    assert [r["entry_bytes"] for r in spark_rows] == [100, 4096, 65536]
+    assert all(r["ratio_to_client"] > 0 and r["rows"] > 0 for r in spark_rows)
+    assert not list(tmp_path.iterdir()), "bench leaves no data behind"

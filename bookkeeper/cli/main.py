@@ -470,6 +470,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif args.bench == "client":
                 from bookkeeper.bench.client import client_bench
                 results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=window)
+            elif args.bench == "spark":
+                from bookkeeper.bench.spark import spark_bench
+                results = spark_bench(str(work), sync=args.sync, scale=args.scale)
             elif args.bench == "stream":
                 from bookkeeper.bench.stream import stream_bench
                 results = stream_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds, batch=args.batch,
@@ -610,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ledger_delete)
 
     s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
-    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client", "stream"])
+    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark"])
     s.add_argument("--json", action="store_true")
     s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
     s.add_argument("--seconds", type=float, default=20.0)
@@ -628,6 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
     s.add_argument("--batch", type=int, default=1000, help="stream: records per write_batch")
+    s.add_argument("--scale", type=float, default=1.0, help="spark: multiplies the ledgers' entry counts")
     s.set_defaults(func=cmd_bench)
 
     _add_autorecovery_parsers(sub, common)
