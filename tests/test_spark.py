@@ -102,6 +102,27 @@ def test_bulk_read_of_twenty_ledgers_equals_what_was_written(spark, cluster, wri
     assert [r["data"] for r in first] == [payload(written.big, 0, 100), payload(written.big, 99_999, 100)]
 
 
+def test_pushed_down_id_filters_plan_only_what_they_select(spark, cluster, written: Written) -> None:
+    """With filter pushdown on (Spark's setting and the pushdown_filters option), ledger_id /
+    entry_id comparisons become the planned ranges: one partition for 1,000 entries of the big
+    ledger, and exactly those rows; filters the source does not take are still applied."""
+    ids = sorted(written.closed)
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read_ledgers(spark, cluster, f"{ids[0]}-{ids[-1]}", max_entries_per_partition="30000",
+                          pushdown_filters="true")
+        assert df.rdd.getNumPartitions() == 23
+        sel = df.where(f"ledger_id = {written.big} and entry_id >= 2000 and entry_id < 3000")
+        assert sel.rdd.getNumPartitions() == 1
+        assert sorted(r["entry_id"] for r in sel.collect()) == list(range(2000, 3000))
+        other = df.where(f"ledger_id > {ids[17]} and entry_id % 2 = 0")  # a filter Spark keeps
+        assert per_ledger(other) == {lid: (sum(1 for k in range(n) if k % 2 == 0), per_ledger(
+            df.where(f"ledger_id = {lid} and entry_id % 2 = 0"))[lid][1])
+            for lid, (n, _) in written.closed.items() if lid > ids[17]}
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+
+
 def test_a_single_missing_id_fails_and_a_bad_option_is_named(spark, cluster, written: Written) -> None:
     """A single id naming no ledger fails the read; ids in a range naming none are skipped; bad options are named."""
     with pytest.raises(Exception, match="ledger 999999, named in the ledgers option, does not exist"):

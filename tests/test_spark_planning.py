@@ -14,7 +14,7 @@ import pytest
 from bookkeeper import errors
 from bookkeeper.meta.ledger_metadata import DigestType
 from bookkeeper.spark.options import BATCH_BYTES, BATCH_ROWS_MAX, SourceOptions, chunk_entries
-from bookkeeper.spark.planning import LedgerRange, balance, parse_ledgers, split_ledger
+from bookkeeper.spark.planning import Bounds, LedgerRange, balance, parse_ledgers, split_ledger
 from bookkeeper.stream import Position
 
 
@@ -51,6 +51,29 @@ def test_split_ledger_into_balanced_ranges(last, max_entries, expected) -> None:
     assert [(r.first, r.last) for r in ranges] == expected
     assert sum(r.planned_bytes for r in ranges) <= 1000 * (last + 1)
     assert all(r.last - r.first + 1 <= max_entries for r in ranges)
+
+
+@pytest.mark.parametrize("filters,box", [
+    ([], (0, 2**63 - 1, 0, 2**63 - 1)),
+    ([("ledger_id", "=", 7)], (7, 7, 0, 2**63 - 1)),
+    ([("entry_id", ">", 10), ("entry_id", "<=", 20)], (0, 2**63 - 1, 11, 20)),
+    ([("entry_id", ">=", 10), ("entry_id", "<", 10)], (0, 2**63 - 1, 10, 9)),       # empty
+    ([("ledger_id", ">=", 3), ("ledger_id", "<", 9), ("ledger_id", "=", 5)], (5, 5, 0, 2**63 - 1)),
+])
+def test_pushed_filters_narrow_to_a_box(filters, box) -> None:
+    """Comparisons on ledger_id / entry_id intersect into inclusive bounds."""
+    b = Bounds()
+    for column, op, value in filters:
+        b = b.narrow(column, op, value)
+    assert (b.ledger_lo, b.ledger_hi, b.entry_lo, b.entry_hi) == box
+
+
+def test_split_clips_to_entry_bounds_exactly() -> None:
+    """Entry bounds clip the ledger before it is split: the ranges cover exactly the bounded entries."""
+    ranges = split_ledger(1, 99_999, 10**7, 30_000, bounds=Bounds().narrow("entry_id", ">=", 500)
+                          .narrow("entry_id", "<", 40_000))
+    assert [(r.first, r.last) for r in ranges] == [(500, 20_249), (20_250, 39_999)]
+    assert split_ledger(1, 99, 100, 10, bounds=Bounds().narrow("entry_id", ">", 500)) == []
 
 
 def test_balance_puts_the_largest_partitions_first() -> None:

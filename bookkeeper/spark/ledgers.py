@@ -17,27 +17,29 @@ from bookkeeper.client import BookKeeper
 from bookkeeper.errors import BKError, NoSuchLedgerError, UnauthorizedError
 from bookkeeper.meta.ledger_metadata import password_digest
 from bookkeeper.spark.options import SourceOptions, chunk_entries
-from bookkeeper.spark.planning import LedgerRange, balance, split_ledger
+from bookkeeper.spark.planning import Bounds, LedgerRange, balance, split_ledger
 
 LEDGER_SCHEMA = "ledger_id long, entry_id long, data binary"
 LEDGER_ARROW = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("data", pa.binary())])
 
 
-async def _wanted_ids(bk: BookKeeper, opts: SourceOptions) -> list[int]:
+async def _wanted_ids(bk: BookKeeper, opts: SourceOptions, bounds: Bounds) -> list[int]:
     spec = opts.ledgers
     assert spec is not None
     ids = set(spec.singles)
     if spec.ranges:
         ids |= {lid async for lid in bk.list_ledgers() if spec.wants(lid)}
-    return sorted(ids)
+    return sorted(lid for lid in ids if bounds.has_ledger(lid))
 
 
-async def plan_ledgers(opts: SourceOptions) -> list[LedgerRange]:
+async def plan_ledgers(opts: SourceOptions, bounds: Bounds | None = None) -> list[LedgerRange]:
     """The partitions of a ledgers read. A single id that names no ledger fails; ids in a
-    range that name none are skipped; open ledgers are skipped unless include_open."""
+    range that name none are skipped; open ledgers are skipped unless include_open. `bounds`
+    (pushed-down filters) drop ledgers and clip entry ranges exactly."""
+    bounds = bounds or Bounds()
     async with await BookKeeper.connect(opts.metadata_uri) as bk:
         out: list[LedgerRange] = []
-        for lid in await _wanted_ids(bk, opts):
+        for lid in await _wanted_ids(bk, opts, bounds):
             try:
                 md = await bk.ledger_metadata(lid)
             except NoSuchLedgerError:
@@ -47,12 +49,12 @@ async def plan_ledgers(opts: SourceOptions) -> list[LedgerRange]:
             if password_digest(opts.password) != md.password_digest:
                 raise UnauthorizedError(f"ledger {lid}: wrong password (option password)")
             if md.is_closed:
-                out += split_ledger(lid, md.last_entry_id, md.length, opts.max_entries_per_partition)
+                out += split_ledger(lid, md.last_entry_id, md.length, opts.max_entries_per_partition, bounds=bounds)
             elif opts.include_open:
                 rh = await bk.open_ledger(lid, password=opts.password, recovery=False)
                 lac = rh.last_add_confirmed
                 length = (await rh.read(lac, lac))[0].length if lac >= 0 else 0
-                out += split_ledger(lid, lac, length, opts.max_entries_per_partition)
+                out += split_ledger(lid, lac, length, opts.max_entries_per_partition, bounds=bounds)
         return balance(out)
 
 

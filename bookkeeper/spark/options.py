@@ -57,6 +57,7 @@ class SourceOptions:
     starting: str | Position = "earliest"
     ending: str | Position = "latest"
     max_records_per_trigger: int | None = None
+    pushdown_filters: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -79,7 +80,8 @@ class SourceOptions:
                    include_open=_bool("include_open", o.get("include_open", "false")),
                    starting=_offset("startingOffsets", o.get("startingoffsets"), "earliest"),
                    ending=_offset("endingOffsets", o.get("endingoffsets"), "latest"),
-                   max_records_per_trigger=_positive("maxRecordsPerTrigger", o.get("maxrecordspertrigger")))
+                   max_records_per_trigger=_positive("maxRecordsPerTrigger", o.get("maxrecordspertrigger")),
+                   pushdown_filters=_bool("pushdown_filters", o.get("pushdown_filters", "false")))
 
 
 def chunk_entries(planned_bytes: int, entries: int) -> int:

@@ -46,6 +46,34 @@ def parse_ledgers(text: str) -> LedgerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Bounds:
+    """Inclusive ledger_id and entry_id bounds from pushed-down filters (no filter: everything)."""
+
+    ledger_lo: int = 0
+    ledger_hi: int = 2**63 - 1
+    entry_lo: int = 0
+    entry_hi: int = 2**63 - 1
+
+    def narrow(self, column: str, op: str, value: int) -> Bounds:
+        """These bounds and `column op value` (op: = > >= < <=): the conjunction, still a box."""
+        lo, hi = (self.ledger_lo, self.ledger_hi) if column == "ledger_id" else (self.entry_lo, self.entry_hi)
+        if op in ("=", ">="):
+            lo = max(lo, value)
+        if op in ("=", "<="):
+            hi = min(hi, value)
+        if op == ">":
+            lo = max(lo, value + 1)
+        if op == "<":
+            hi = min(hi, value - 1)
+        if column == "ledger_id":
+            return Bounds(lo, hi, self.entry_lo, self.entry_hi)
+        return Bounds(self.ledger_lo, self.ledger_hi, lo, hi)
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        return self.ledger_lo <= ledger_id <= self.ledger_hi
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerRange:
     """One partition of a ledger read: entries first..last inclusive (planned_bytes: a guess)."""
 
@@ -55,19 +83,23 @@ class LedgerRange:
     planned_bytes: int
 
 
-def split_ledger(ledger_id: int, last_entry: int, length: int, max_entries: int) -> list[LedgerRange]:
-    """A ledger of entries 0..last_entry as ceil(n / max_entries) ranges of equal entry counts
-    (within one), so a 10 GB ledger is many tasks and no task holds more than max_entries.
-    Bytes per range are the ledger's length shared by entry count: the metadata knows no finer."""
-    n = last_entry + 1
+def split_ledger(ledger_id: int, last_entry: int, length: int, max_entries: int, *,
+                 bounds: Bounds | None = None) -> list[LedgerRange]:
+    """A ledger of entries 0..last_entry (clipped to `bounds`' entry range) as ceil(n / max_entries)
+    ranges of equal entry counts (within one), so a 10 GB ledger is many tasks and no task holds
+    more than max_entries. Bytes per range are the ledger's length shared by entry count: the
+    metadata knows no finer."""
+    b = bounds or Bounds()
+    first, last = max(0, b.entry_lo), min(last_entry, b.entry_hi)
+    n = last - first + 1
     if n <= 0:
         return []
     parts = math.ceil(n / max_entries)
     base, extra = divmod(n, parts)
-    out, first = [], 0
+    out = []
     for i in range(parts):
         count = base + (i < extra)
-        out.append(LedgerRange(ledger_id, first, first + count - 1, length * count // n))
+        out.append(LedgerRange(ledger_id, first, first + count - 1, length * count // (last_entry + 1)))
         first += count
     return out
 

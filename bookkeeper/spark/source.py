@@ -7,18 +7,20 @@ and one partition, connects, reads, closes (ledgers.py, streams.py).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import uvloop
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, EqualTo, Filter,
+                                    GreaterThan, GreaterThanOrEqual, InputPartition, LessThan, LessThanOrEqual)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from bookkeeper.errors import ConfigError
 from bookkeeper.spark import ledgers, streams
 from bookkeeper.spark.options import SourceOptions
+from bookkeeper.spark.planning import Bounds
 from bookkeeper.stream import Position
 
 
@@ -41,7 +43,7 @@ class BookKeeperDataSource(DataSource):
         return streams.STREAM_SCHEMA if self.opts.stream else ledgers.LEDGER_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(self.opts)
+        return FilteringBatchReader(self.opts) if self.opts.pushdown_filters else BatchReader(self.opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if not self.opts.stream:
@@ -49,15 +51,19 @@ class BookKeeperDataSource(DataSource):
         return StreamReader(self.opts)
 
 
+_OPS = {EqualTo: "=", GreaterThan: ">", GreaterThanOrEqual: ">=", LessThan: "<", LessThanOrEqual: "<="}
+
+
 class BatchReader(DataSourceReader):
     """Ledgers (one partition per ledger or per entry range) or a stream's [start, end)."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        self.bounds = Bounds()
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.opts.ledgers is not None:
-            return [_Partition(r) for r in uvloop.run(ledgers.plan_ledgers(self.opts))]
+            return [_Partition(r) for r in uvloop.run(ledgers.plan_ledgers(self.opts, self.bounds))]
         return [_Partition(r) for r in uvloop.run(self._plan_stream())]
 
     async def _plan_stream(self) -> list[streams.StreamRange]:
@@ -67,6 +73,29 @@ class BatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition)
+
+
+class FilteringBatchReader(BatchReader):
+    """BatchReader with filter pushdown: chosen by the option pushdown_filters=true, because
+    Spark fails any reader that implements pushFilters unless spark.sql.python.filterPushdown.enabled
+    is set, and a data source cannot see that setting when it makes its reader."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Accept comparisons of ledger_id / entry_id with an integer (Spark 4.1+, when
+        spark.sql.python.filterPushdown.enabled): they become exact bounds on which ledgers and
+        entries are planned, so every row read satisfies them and read() need not filter.
+        Everything else is left to Spark (Spark applies what is returned; a stream read returns all)."""
+        rest = []
+        for f in filters:
+            op = _OPS.get(type(f))
+            column = f.attribute[0] if len(getattr(f, "attribute", ())) == 1 else None
+            value = getattr(f, "value", None)
+            if (self.opts.ledgers is not None and op and column in ("ledger_id", "entry_id")
+                    and type(value) is int):
+                self.bounds = self.bounds.narrow(column, op, value)
+            else:
+                rest.append(f)
+        return rest
 
 
 def _read(opts: SourceOptions, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
