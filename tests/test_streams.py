@@ -398,6 +398,26 @@ def test_retention_by_bytes_deletes_old_segments_as_the_stream_grows(cluster) ->
     run(main())
 
 
+def test_two_deletions_of_the_same_segments_both_succeed(cluster) -> None:
+    """A writer retiring its empty segment and a retention pass may delete the same truncated
+    segment at once: the one that comes second finds the node gone and succeeds too (it raised
+    StreamNotFoundError before, failing the writer's close)."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("twice")
+            meta = await ns.stream_meta("twice")
+            lh = await ns.bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            _, seg = await ns.bk.metadata_call(ns.store.add_segment, ns.name, meta,
+                                               Segment(seq=meta.next_seq, ledger_id=lh.ledger_id))
+            marked = await ns.bk.metadata_call(ns.store.mark_truncated, ns.name, "twice", [seg])
+            await asyncio.gather(ns.retire_segment("twice", marked[0]), ns.retire_segment("twice", marked[0]))
+            assert await ns.segments("twice") == []
+            for _ in range(20):        # and the writer's own close against its retention pass
+                w = await ns.open_writer("twice")
+                await w.close()
+    run(main())
+
+
 def test_delete_stream_removes_its_ledgers_and_nodes(cluster) -> None:
     """delete_stream deletes every segment's ledger and the stream; the name can be reused."""
     async def main() -> None:

@@ -4,23 +4,49 @@ Every sub-command takes `--namespace NS` (default `default`). Output that script
 `list --json` (a JSON array of names), `describe --json` (an object with `name` and
 `segments`), `write` (one position per input line, in order), `tail` (`POSITION<TAB>DATA`,
 or one JSON object per record with --json). `tail` flushes every record: it is read
-through pipes while it follows a live writer.
+through pipes while it follows a live writer. `write` reads stdin on a thread of its own
+and writes whatever lines have arrived (up to WRITE_CHUNK per write_batch), so a person
+typing, or a slow producer, sees each position as soon as its line is acknowledged instead
+of after a thousand lines or end of input. A reader of stdout that goes away (`| head`)
+ends the command quietly with exit 141, as SIGPIPE ends other tools.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
+import concurrent.futures
 import json
+import os
 import sys
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from rich.table import Table
 
-from bookkeeper.cli.common import metadata_uri, out
+from bookkeeper.cli.common import UsageError, metadata_uri, out
 from bookkeeper.stream import Namespace, Position
 
 WRITE_CHUNK = 1000  # stdin lines per write_batch
+READ_BYTES = 1 << 20  # one read of stdin
+READ_AHEAD = 16  # reads of stdin queued while the writer is busy (bounds memory on a fast producer)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell shows for a tool stopped by `| head`
+
+
+class _StdoutClosed(Exception):
+    """Whoever read stdout has gone: stop quietly."""
+
+
+def _emit(text: str) -> None:
+    """Write and flush stdout now (a pipe to a person or a test sees every line at once)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise _StdoutClosed from None
 
 
 def _with_namespace(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
@@ -31,7 +57,10 @@ def _with_namespace(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[ar
         async def main() -> int:
             async with await Namespace.connect(metadata_uri(args), args.namespace) as ns:
                 return await fn(ns, args)
-        return uvloop.run(main())
+        try:
+            return uvloop.run(main())
+        except _StdoutClosed:
+            return EXIT_BROKEN_PIPE
     return run
 
 
@@ -66,49 +95,94 @@ async def cmd_describe(ns: Namespace, args: argparse.Namespace) -> int:
         table.add_row(str(s["seq"]), str(s["ledger_id"]), s["state"], str(s["first_txid"]), str(s["last_txid"]),
                       f"{s['records']:,}", f"{s['bytes']:,}")
     out.print(table)
-    out.print(f"namespace {d['namespace']}, {d['ensemble']}/{d['write_quorum']}/{d['ack_quorum']}, retention: "
-              f"max age {d['retention_max_age_s'] or 'off'} s, max bytes {d['retention_max_bytes'] or 'off'}; "
-              f"writer: {d['writer'] or 'none'}", soft_wrap=True)
+    age, size = d["retention_max_age_s"], d["retention_max_bytes"]
+    out.print(f"namespace {d['namespace']}, E/Qw/Qa {d['ensemble']}/{d['write_quorum']}/{d['ack_quorum']}, "
+              f"retention: max age {'off' if age is None else f'{age:g} s'}, "
+              f"max bytes {'off' if size is None else f'{size:,}'}; writer: {d['writer'] or 'none'}", soft_wrap=True)
     return 0
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    """Each stdin line (without its line ending) is one record; positions print in order."""
+    if sys.stdin is None:  # fd 0 was closed at start: the client's sockets may reuse it
+        raise UsageError("stdin is closed: give the records on stdin, one per line")
+    return _write(args)
 
 
 @_with_namespace
-async def cmd_write(ns: Namespace, args: argparse.Namespace) -> int:
-    """Each stdin line (without its line ending) is one record; positions print in order."""
+async def _write(ns: Namespace, args: argparse.Namespace) -> int:
     settings = {k: v for k, v in (("segment_max_records", args.segment_max_records),
                                   ("segment_max_bytes", args.segment_max_bytes)) if v is not None}
     async with await ns.open_writer(args.name, compression=args.compression, **settings) as w:
-        chunk: list[bytes] = []
-        for line in sys.stdin.buffer:
-            chunk.append(line.removesuffix(b"\n").removesuffix(b"\r"))
-            if len(chunk) == WRITE_CHUNK:
-                _print_positions(await w.write_batch(chunk))
-                chunk = []
-        if chunk:
-            _print_positions(await w.write_batch(chunk))
+        async for lines in stdin_lines(0):  # fd 0: sys.stdin may be None
+            for start in range(0, len(lines), WRITE_CHUNK):
+                positions = await w.write_batch(lines[start:start + WRITE_CHUNK])
+                _emit("".join(f"{p}\n" for p in positions))
     return 0
 
 
-def _print_positions(positions: list[Position]) -> None:
-    sys.stdout.write("".join(f"{p}\n" for p in positions))
-    sys.stdout.flush()
+async def stdin_lines(fd: int) -> AsyncIterator[list[bytes]]:
+    """Lists of the complete lines read so far from `fd`, each without its line ending, until
+    end of input (a last line without a newline is a line too).
+
+    A daemon thread does the blocking reads (os.read: a pipe, a terminal or a file alike, and
+    no lock of sys.stdin held should the process exit while it waits); the event loop keeps
+    serving the writer meanwhile, and a bounded queue holds the thread back from a producer
+    faster than the writer.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | OSError] = asyncio.Queue(READ_AHEAD)
+
+    def read_all() -> None:
+        while True:
+            try:
+                data: bytes | OSError = os.read(fd, READ_BYTES)
+            except OSError as e:
+                data = e
+            try:
+                asyncio.run_coroutine_threadsafe(queue.put(data), loop).result()
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the command ended first and its loop is closing: nobody to hand it to
+            if not data or isinstance(data, OSError):
+                return
+    threading.Thread(target=read_all, name="stdin-reader", daemon=True).start()
+    partial, eof = b"", False
+    while not eof:
+        chunks: list[bytes] = []
+        item = await queue.get()
+        while True:
+            if isinstance(item, OSError):
+                raise UsageError(f"cannot read stdin: {item.strerror or item}")
+            chunks.append(item)
+            eof = item == b""
+            if eof or queue.empty():
+                break
+            item = queue.get_nowait()
+        lines = (partial + b"".join(chunks)).split(b"\n")
+        partial = lines.pop()
+        if eof and partial:
+            lines.append(partial)
+        if lines:
+            yield [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
 @_with_namespace
 async def cmd_tail(ns: Namespace, args: argparse.Namespace) -> int:
+    """Print records from --from on: until --count of them, the current end (--no-follow) or Ctrl-C."""
     start: str | Position = args.start if args.start in ("earliest", "latest") else Position.parse(args.start)
-    if args.count is not None and args.count <= 0:
-        return 0
+    if args.count is not None and args.count < 0:
+        raise UsageError(f"--count must be >= 0, got {args.count}")
     n = 0
     async with await ns.open_reader(args.name, start, follow=not args.no_follow) as r:
+        if args.count == 0:
+            return 0
         async for rec in r:
             if args.json:
                 line = json.dumps({"position": str(rec.position), "txid": rec.txid,
                                    "data_b64": base64.b64encode(rec.data).decode()})
             else:
                 line = f"{rec.position}\t{rec.data.decode('utf-8', 'backslashreplace')}"
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            _emit(line + "\n")
             n += 1
             if args.count is not None and n >= args.count:
                 break

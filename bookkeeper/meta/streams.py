@@ -242,13 +242,25 @@ class StreamStore:
                 for s in segments]
 
     def delete_segments(self, ns: str, name: str, segments: list[Segment]) -> None:
-        """Remove segment nodes (each at its version) in one multi-op."""
+        """Remove segment nodes (each at its version) in one multi-op. A node already gone was
+        removed by a concurrent deletion of the same truncated segments (a retention pass and a
+        writer retiring its empty segment): then the rest go one by one, the gone ones skipped."""
         if not segments:
             return
         t = self.zk.transaction()
         for s in segments:
             t.delete(self._segment_path(ns, name, s.seq), version=s.version)
-        _raise_first(t.commit(), f"delete segments of stream {name!r}")
+        results = t.commit()
+        if not any(isinstance(r, NoNodeError) for r in results):
+            _raise_first(results, f"delete segments of stream {name!r}")
+            return
+        for s in segments:
+            try:
+                self.zk.delete(self._segment_path(ns, name, s.seq), version=s.version)
+            except NoNodeError:
+                continue
+            except BadVersionError:
+                raise MetadataVersionError(f"segment {s.seq} of stream {name!r} changed while it was deleted") from None
 
     def delete_stream(self, ns: str, name: str) -> None:
         """Remove the stream's nodes (its ledgers are the caller's to delete first)."""
