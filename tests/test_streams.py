@@ -294,14 +294,15 @@ def test_reader_started_first_tails_across_ten_rolls(cluster) -> None:
             total = 400
             got: list = []
 
+            r = await ns.open_reader("tail", start="earliest")  # open before the writer exists
+
             async def reader() -> None:
-                async with await ns.open_reader("tail", start="earliest") as r:
+                async with r:
                     async for rec in r:
                         got.append(rec)
                         if len(got) == total:
                             return
             task = asyncio.create_task(reader())
-            await asyncio.sleep(0.3)
             written: list[Position] = []
             async with await ns.open_writer("tail", segment_max_records=25) as w:
                 for i in range(total // 4):

@@ -152,6 +152,14 @@ async def plan_stream(opts: SourceOptions, start: Position, end: Position) -> li
     return await _with_segments(opts, plan)
 
 
+def _slots(r: StreamRange, entry: int, count: int) -> tuple[int, int]:
+    """The slots of `entry` inside [r.start, r.end): all of them except in the two edge entries."""
+    here = Position(r.seq, entry, 0)
+    first = r.start.slot if here[:2] == r.start[:2] else (0 if here >= r.start else count)
+    stop = min(count, r.end.slot) if here[:2] == r.end[:2] else (count if here < r.end else 0)
+    return first, max(first, stop)
+
+
 def read_stream_range(opts: SourceOptions, r: StreamRange) -> Iterator[pa.RecordBatch]:
     """One partition on an executor: decode record sets, keep start <= position < end."""
     bk = bookkeeper.sync.BookKeeper.connect(opts.metadata_uri)
@@ -167,12 +175,12 @@ def read_stream_range(opts: SourceOptions, r: StreamRange) -> Iterator[pa.Record
                               f"reading entries {a}..{b}: {e}") from e
             positions, txids, datas = [], [], []
             for entry in entries:
-                for slot, (txid, data) in enumerate(recordset.decode(entry.data).records):
-                    pos = Position(r.seq, entry.entry_id, slot)
-                    if r.start <= pos < r.end:
-                        positions.append(str(pos))
-                        txids.append(txid)
-                        datas.append(data)
+                records = recordset.decode(entry.data).records
+                first, stop = _slots(r, entry.entry_id, len(records))
+                prefix = f"{r.seq}:{entry.entry_id}:"
+                positions += [prefix + str(slot) for slot in range(first, stop)]
+                txids += [txid for txid, _ in records[first:stop]]
+                datas += [data for _, data in records[first:stop]]
             if positions:
                 yield pa.RecordBatch.from_arrays([pa.array(positions, pa.string()), pa.array(txids, pa.int64()),
                                                   pa.array(datas, pa.binary())], schema=STREAM_ARROW)

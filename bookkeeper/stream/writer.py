@@ -551,4 +551,4 @@ class StreamWriter:
 
     @property
     def segment(self) -> Segment | None:
-        return dataclasses.replace(self._segment) if self._segment else None
+        return self._segment
