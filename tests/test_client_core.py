@@ -213,6 +213,69 @@ def test_raising_callback_is_logged_and_dispatch_continues(caplog: pytest.LogCap
     assert "response callback failed" in caplog.text and "ZeroDivisionError" in caplog.text
 
 
+def deliver(target, data: bytes) -> None:
+    """What a transport does with a BufferedProtocol (or a RequestPipe): copy into the space
+    get_buffer offers, then report how much, as many times as it takes."""
+    while data:
+        buf = target.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        target.buffer_updated(n)
+        data = data[n:]
+
+
+def test_receive_buffer_offers_room_and_carries_a_partial_frame_across_reads() -> None:
+    """get_buffer offers at least 64 KiB; a frame larger than the buffer (3 MiB, max frame 4 MiB)
+    arrives in pieces and is dispatched once, whole; reporting more than was offered is refused."""
+    pipe, _, calls = make_pipe(3, max_frame=4 << 20)
+    assert len(pipe.get_buffer(-1)) >= 64 * 1024
+    big = bytes(random.Random(7).randbytes(3 << 20))
+    resps = [resp(1, payload=b"a" * 70_000), resp(2, payload=big), resp(3, payload=b"tail")]
+    deliver(pipe, encode_responses(resps))
+    assert calls == [expected(r) for r in resps] and pipe.outstanding == 0
+    room = len(pipe.get_buffer(-1))
+    with pytest.raises(ValueError, match="past the"):
+        pipe.buffer_updated(room + 1)
+
+
+def test_borrowed_payload_is_a_view_released_after_its_callback(caplog: pytest.LogCaptureFixture) -> None:
+    """borrow=True: the callback sees the payload as a read-only memoryview of the receive buffer,
+    released when the callback returns; one that keeps a zero-copy buffer of it (an Arrow
+    buffer here) is logged as a bug; a request without borrow gets bytes of its own."""
+    import pyarrow as pa
+
+    pipe, _, calls = make_pipe()
+    kept: list = []
+
+    def keep(ctx, r, e) -> None:  # noqa: ANN001
+        kept.append((r[6], bytes(r[6]), r[6].readonly))
+
+    pipe.send(Op.READ_ENTRY, 0, 7, 0, KEY, 0, b"", keep, None, 60.0, True)
+    pipe.send(Op.READ_ENTRY, 0, 7, 1, KEY, 0, b"", lambda c, r, e: kept.append(r[6]), None, 60.0)
+    pipe.send(Op.READ_ENTRY, 0, 7, 2, KEY, 0, b"", lambda c, r, e: kept.append(pa.py_buffer(r[6])), None, 60.0, True)
+    with caplog.at_level(logging.ERROR, logger="bookkeeper.client"):
+        pipe.feed(encode_responses([resp(1, payload=b"borrowed"), resp(2, payload=b"owned"),
+                                    resp(3, payload=b"sliced")]))
+    view, copy, readonly = kept[0]
+    assert copy == b"borrowed" and readonly and kept[1] == b"owned" and type(kept[1]) is bytes
+    with pytest.raises(ValueError):
+        bytes(view)  # released: a kept view fails loudly instead of reading later frames' bytes
+    assert "kept a view of a borrowed payload" in caplog.text
+
+
+def test_fail_all_from_a_callback_stops_the_dispatch_of_that_buffer() -> None:
+    """A callback that fails the pipe (its connection is lost) ends the dispatch of the buffer
+    being parsed: later frames in it reach nobody, and the next read starts clean."""
+    pipe, _, calls = make_pipe()
+    send(pipe, calls, "first", cb=lambda c, r, e: (calls.append(c), pipe.fail_all(ConnectionError("lost"))))
+    send(pipe, calls, "second")
+    deliver(pipe, encode_responses([resp(1), resp(2)]) + encode_responses([resp(3)])[:7])
+    assert calls[0] == "first" and calls[1][0] == "second" and calls[1][1] is None and len(calls) == 2
+    send(pipe, calls, "third")  # request id 3: parses only if the old bytes were dropped
+    deliver(pipe, encode_responses([resp(3)]))
+    assert calls[2][0] == "third" and calls[2][2] is None and pipe.outstanding == 0
+
+
 # -- AddTracker -------------------------------------------------------------------------
 @pytest.fixture
 def loop():
@@ -386,14 +449,14 @@ def test_a_transport_given_up_on_cannot_touch_the_next_ones_requests() -> None:
         old_proto, old = _ShardProtocol(conn), Fake()
         old_proto.connection_made(old)
         conn.attach(old)
-        old_proto.data_received(b"\x00\x00\x00\x05\x07garbage")  # too short: FrameError, dropped at once
+        deliver(old_proto, b"\x00\x00\x00\x05\x07garbage")  # too short: FrameError, dropped at once
         new_proto, new = _ShardProtocol(conn), Fake()
         new_proto.connection_made(new)
         conn.attach(new)
         got: list = []
         conn.request(Op.ADD_ENTRY, 0, 1, 0, KEY, 0, b"p", lambda c, r, e: got.append(e), None)
         old_proto.connection_lost(None)  # late report from the transport given up on
-        old_proto.data_received(b"\x00")
+        deliver(old_proto, b"\x00\x00\x00")  # late bytes read into a scratch buffer, not the pipe's
         assert got == [] and conn.pipe.outstanding == 1 and conn.pipe.connected
         new_proto.connection_lost(None)
         assert len(got) == 1 and got[0] is not None and conn.pipe.outstanding == 0

@@ -35,7 +35,7 @@ class _EchoTransport(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         frames, _ = parse_requests(data, 1 << 30)
-        self.loop.call_soon(self.protocol.data_received,
+        self.loop.call_soon(self.protocol.feed,
                             encode_responses([(f[0], Status.OK, f[2], f[3], f[4], -1, b"") for f in frames]))
 
     def is_closing(self) -> bool:

@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 Callback = Callable[[Any, tuple | None, BKError | None], None]
 
 
-class _ShardProtocol(asyncio.Protocol):
+class _ShardProtocol(asyncio.BufferedProtocol):
+    """Responses are read straight into the pipe's receive buffer (no bytes object per read)."""
+
     def __init__(self, conn: ShardConnection) -> None:
         self.conn = conn
         self.transport: asyncio.BaseTransport | None = None
@@ -43,11 +45,23 @@ class _ShardProtocol(asyncio.Protocol):
         if self._current():
             self.conn._lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        if not self._current():
-            return
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if not self._current():  # a transport given up on may still read: never into the pipe
+            return memoryview(bytearray(65536))
+        return self.conn.pipe.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._current():
+            self._dispatch(self.conn.pipe.buffer_updated, nbytes)
+
+    def feed(self, data: bytes) -> None:
+        """Responses that arrived some other way (`bk bench client`'s in-process echo)."""
+        if self._current():
+            self._dispatch(self.conn.pipe.feed, data)
+
+    def _dispatch(self, how: Callable[[Any], None], arg: Any) -> None:
         try:
-            self.conn.pipe.feed(data)
+            how(arg)
         except FrameError as e:
             self.transport.close()  # type: ignore[union-attr]
             self.conn._lost(e)
@@ -96,10 +110,12 @@ class ShardConnection:
         self._flush()
 
     def request(self, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes, aux: int,
-                payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None) -> None:
-        """Queue one request; callback(ctx, response, error) runs on the loop when it settles."""
+                payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None,
+                borrow: bool = False) -> None:
+        """Queue one request; callback(ctx, response, error) runs on the loop when it settles.
+        borrow: the response payload is a view of the receive buffer, valid during the callback only."""
         if self.pipe.send(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx,
-                          timeout_s or self.timeout_s):
+                          timeout_s or self.timeout_s, borrow):
             self.ensure_connecting()
 
     def ensure_connecting(self) -> None:
@@ -177,14 +193,16 @@ class BookieClientPool:
         return conn
 
     def send(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
-             aux: int, payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None) -> None:
-        """Route one request; an unresolvable bookie fails through the callback, like any other error."""
+             aux: int, payload: bytes, callback: Callback, ctx: Any, timeout_s: float | None = None,
+             borrow: bool = False) -> None:
+        """Route one request; an unresolvable bookie fails through the callback, like any other error.
+        borrow: see ShardConnection.request."""
         try:
             conn = self.connection(bookie_id, ledger_id)
         except BKError as e:
             asyncio.get_running_loop().call_soon(callback, ctx, None, e)
             return
-        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s)
+        conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s, borrow)
 
     async def call(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
                    aux: int = 0, payload: bytes = b"", timeout_s: float | None = None) -> tuple:

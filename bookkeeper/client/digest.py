@@ -37,9 +37,10 @@ class DigestManager:
     def encode(self, entry_id: int, lac: int, length: int, data: bytes) -> bytes:
         return encode_entry(self._kind, self._mac_key, self.ledger_id, entry_id, lac, length, data)
 
-    def verify(self, payload: bytes, entry_id: int) -> tuple[bytes, int, int]:
-        """Check a stored entry; returns (data, lac, length) or raises DigestMismatchError."""
+    def verify(self, payload: bytes | memoryview, entry_id: int) -> tuple[bytes, int, int]:
+        """Check a stored entry (any buffer: the read path passes a view of the receive buffer);
+        returns (data, lac, length), data copied out as bytes, or raises DigestMismatchError."""
         try:
-            return check_entry(self._kind, self._mac_key, self.ledger_id, entry_id, bytes(payload))
+            return check_entry(self._kind, self._mac_key, self.ledger_id, entry_id, payload)
         except ValueError as e:
             raise DigestMismatchError(str(e)) from None

@@ -87,7 +87,7 @@ class _EntryRead:
         self.outstanding += 1
         cfg = h._bk.config
         h._bk.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
-                        self.on_response, bookie, cfg.read_timeout_s)
+                        self.on_response, bookie, cfg.read_timeout_s, borrow=True)
         if cfg.speculative_read_timeout_ms and self.next < len(self.replicas):
             self.timer = h._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, self.speculate)
         return True

@@ -12,10 +12,12 @@ order by a C loop over a ring of outstanding entries.
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize, PyByteArray_GET_SIZE
+from cpython.buffer cimport PyBUF_READ, PyBUF_WRITE
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from bookkeeper._ext.endian cimport get_u64, put_u32, put_u64
 from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCOMPLETE, frame_len,
                                    frame_error, put_request, response_tuple)
@@ -33,6 +35,8 @@ _log = logging.getLogger("bookkeeper.client")
 cdef enum:
     ENTRY_HEADER = 32
     MAX_ENSEMBLE = 64
+    READ_CHUNK = 64 * 1024         # the least free space offered to the transport per read
+    RECV_INITIAL = 256 * 1024      # a receive buffer's size (per connection), kept while frames fit in it
 
 DIGEST_DUMMY = 0
 DIGEST_CRC32C = 1
@@ -87,26 +91,29 @@ def encode_entry(int kind, bytes mac_key, uint64_t ledger_id, int64_t entry_id, 
     return out
 
 
-def check_entry(int kind, bytes mac_key, uint64_t ledger_id, int64_t entry_id, bytes payload):
+def check_entry(int kind, bytes mac_key, uint64_t ledger_id, int64_t entry_id, const uint8_t[::1] payload):
     """Verify a stored entry against the ledger and entry it was asked for.
 
-    Returns (data, lac, length); raises ValueError saying what does not hold.
+    payload is any buffer (a borrowed view of the receive buffer on the read path): the
+    entry's data is copied out of it once, as the returned bytes. Returns (data, lac,
+    length); raises ValueError saying what does not hold.
     """
     cdef Py_ssize_t dsize = _digest_size(kind)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef Py_ssize_t n = payload.shape[0]
     if n < ENTRY_HEADER + dsize:
         raise ValueError(f"entry {ledger_id}:{entry_id} is truncated ({n} bytes)")
-    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef const uint8_t* p = &payload[0]
     cdef uint64_t got_ledger = get_u64(p)
     cdef int64_t got_entry = <int64_t>get_u64(p + 8)
     if got_ledger != ledger_id or got_entry != entry_id:
         raise ValueError(f"entry {ledger_id}:{entry_id} came back as {got_ledger}:{got_entry}")
-    view = memoryview(payload)
-    data = view[ENTRY_HEADER + dsize:]
-    if dsize and not hmac.compare_digest(_digest(kind, mac_key, view[:ENTRY_HEADER], data),
-                                         view[ENTRY_HEADER:ENTRY_HEADER + dsize]):
-        raise ValueError(f"entry {ledger_id}:{entry_id} failed its digest check")
-    return bytes(data), <int64_t>get_u64(p + 16), get_u64(p + 24)
+    if dsize:
+        view = memoryview(payload)
+        if not hmac.compare_digest(_digest(kind, mac_key, view[:ENTRY_HEADER], view[ENTRY_HEADER + dsize:]),
+                                   view[ENTRY_HEADER:ENTRY_HEADER + dsize]):
+            raise ValueError(f"entry {ledger_id}:{entry_id} failed its digest check")
+    return (PyBytes_FromStringAndSize(<const char*>(p + ENTRY_HEADER + dsize), n - ENTRY_HEADER - dsize),
+            <int64_t>get_u64(p + 16), get_u64(p + 24))
 
 
 # -- request pipe -------------------------------------------------------------------
@@ -114,14 +121,21 @@ cdef class RequestPipe:
     """Outstanding requests of one shard connection (client loop only).
 
     send() encodes a request frame straight into the outbox (the connection writes the
-    whole outbox once per loop iteration); feed() parses every complete response in a
-    receive buffer and calls each request's callback(ctx, response, error) in arrival
+    whole outbox once per loop iteration). Responses arrive in the pipe's own receive
+    buffer: get_buffer() offers its free space to the transport (asyncio.BufferedProtocol:
+    the kernel copies into it, nothing else does), buffer_updated() parses every complete
+    response there and calls each request's callback(ctx, response, error) in arrival
     order. A response is the tuple (op, status, request_id, ledger_id, entry_id, lac,
-    payload); error is None for OK, else error_for(status), a BKError.
+    payload); error is None for OK, else error_for(status), a BKError. A request sent with
+    borrow=True gets its payload as a read-only memoryview of the receive buffer, valid
+    only during the callback (released after it): the entry read path copies the data
+    out once, after its digest check, instead of once per layer.
     """
 
     cdef bytearray _out
-    cdef bytearray _in
+    cdef char* _rbuf
+    cdef Py_ssize_t _rcap, _rstart, _rend
+    cdef uint64_t _generation
     cdef dict _pending
     cdef uint64_t _next_id
     cdef Py_ssize_t _max_frame
@@ -139,7 +153,9 @@ cdef class RequestPipe:
         e.g. sent from the callbacks of one big receive buffer, starts reaching the bookie
         while the rest is still being made, instead of all at the end of the loop turn)."""
         self._out = bytearray()
-        self._in = bytearray()
+        self._rbuf = NULL
+        self._rcap = self._rstart = self._rend = 0
+        self._generation = 0
         self._pending = {}
         self._next_id = 1
         self._max_frame = max_frame
@@ -149,14 +165,18 @@ cdef class RequestPipe:
         self._eager_bytes = eager_bytes
         self.connected = False
 
+    def __dealloc__(self):
+        free(self._rbuf)
+
     @property
     def outstanding(self) -> int:
         return len(self._pending)
 
     def send(self, int op, int flags, uint64_t ledger_id, int64_t entry_id, bytes key, uint32_t aux,
-             bytes payload, callback, ctx, double timeout_s) -> bool:
+             bytes payload, callback, ctx, double timeout_s, bint borrow=False) -> bool:
         """Queue one request, due within timeout_s. True if the pipe is not connected: the
-        caller must see that a connection is under way (its frames wait in the outbox)."""
+        caller must see that a connection is under way (its frames wait in the outbox).
+        borrow: the callback gets the response payload as a view it must not keep."""
         if PyBytes_GET_SIZE(key) != KEY_LEN:
             raise ValueError("master_key must be 20 bytes")
         cdef Py_ssize_t plen = PyBytes_GET_SIZE(payload)
@@ -168,7 +188,7 @@ cdef class RequestPipe:
                     PyBytes_AS_STRING(key), aux, PyBytes_AS_STRING(payload), plen)
         cdef timespec now
         clock_gettime(CLOCK_MONOTONIC, &now)
-        self._pending[rid] = (callback, ctx, now.tv_sec + now.tv_nsec * 1e-9 + timeout_s)
+        self._pending[rid] = (callback, ctx, now.tv_sec + now.tv_nsec * 1e-9 + timeout_s, borrow)
         if not self.connected:
             return True
         if old == 0:
@@ -189,30 +209,67 @@ cdef class RequestPipe:
         """Drop queued frames (their requests were failed: the connection never came up)."""
         self._out = bytearray()
 
+    def get_buffer(self, Py_ssize_t sizehint=-1):
+        """Free space at the end of the receive buffer, at least READ_CHUNK bytes: the partial
+        frame left by the last read is moved to the front first (at most one frame's bytes)
+        and the buffer grows only for a frame bigger than what it holds. Nothing else may
+        hold a view of the buffer when this is called (borrowed payloads are released by then)."""
+        cdef Py_ssize_t held = self._rend - self._rstart
+        cdef Py_ssize_t cap
+        cdef char* grown
+        if held == 0:
+            self._rstart = self._rend = 0
+            if self._rcap > 4 * RECV_INITIAL:  # a huge frame passed: give the memory back
+                free(self._rbuf)
+                self._rbuf = NULL
+                self._rcap = 0
+        if self._rcap - self._rend < READ_CHUNK:
+            if self._rstart:
+                memmove(self._rbuf, self._rbuf + self._rstart, held)
+                self._rstart, self._rend = 0, held
+            if self._rcap - self._rend < READ_CHUNK:
+                cap = max(RECV_INITIAL, 2 * self._rcap, self._rend + READ_CHUNK)
+                grown = <char*>realloc(self._rbuf, cap)
+                if grown == NULL:
+                    raise MemoryError()
+                self._rbuf, self._rcap = grown, cap
+        return PyMemoryView_FromMemory(self._rbuf + self._rend, self._rcap - self._rend, PyBUF_WRITE)
+
+    def buffer_updated(self, Py_ssize_t nbytes) -> None:
+        """nbytes arrived in the space get_buffer() offered: dispatch every complete response
+        (a partial frame stays for the next read). Raises FrameError on a response that can
+        never parse (the connection must close)."""
+        if nbytes < 0 or nbytes > self._rcap - self._rend:
+            raise ValueError(f"buffer_updated({nbytes}) past the {self._rcap - self._rend} bytes offered")
+        self._rend += nbytes
+        cdef uint64_t generation = self._generation
+        cdef Py_ssize_t used = self._dispatch(<const uint8_t*>self._rbuf + self._rstart, self._rend - self._rstart)
+        if self._generation == generation:  # else fail_all emptied the pipe from a callback
+            self._rstart += used
+
     def feed(self, data) -> None:
-        """Dispatch every complete response in what arrived; keep a partial frame for later.
+        """buffer_updated() for bytes that arrived elsewhere (tests, the in-process echo of
+        `bk bench client`): copied into the receive buffer, then dispatched."""
+        cdef const uint8_t[::1] src = data
+        cdef Py_ssize_t off = 0
+        cdef Py_ssize_t n = src.shape[0]
+        cdef Py_ssize_t room
+        while off < n:
+            self.get_buffer()
+            room = min(n - off, self._rcap - self._rend)
+            memcpy(self._rbuf + self._rend, &src[off], room)
+            self.buffer_updated(room)
+            off += room
 
-        Raises FrameError on a response that can never parse (the connection must close).
-        """
-        cdef Py_ssize_t used
-        if PyByteArray_GET_SIZE(self._in) == 0:
-            used = self._dispatch(data)
-            if used < len(data):
-                self._in += data[used:]
-            return
-        self._in += data
-        used = self._dispatch(self._in)
-        del self._in[:used]
-
-    cdef Py_ssize_t _dispatch(self, const uint8_t[::1] buf) except -1:
-        cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t _dispatch(self, const uint8_t* base, Py_ssize_t n) except -1:
         cdef Py_ssize_t pos = 0
         cdef Py_ssize_t flen
         cdef const uint8_t* p
         cdef int status
         cdef uint64_t rid
+        cdef uint64_t generation = self._generation
         while pos < n:
-            p = &buf[pos]
+            p = base + pos
             flen = frame_len(p, n - pos, RESP_HEADER, self._max_frame)
             if flen == FRAME_INCOMPLETE:
                 break
@@ -223,27 +280,41 @@ cdef class RequestPipe:
             entry = self._pending.pop(rid, None)
             if entry is None:
                 continue  # timed out earlier, or failed with the connection
-            resp = response_tuple(p, flen, _EMPTY)
+            callback, ctx, _, borrow = <tuple>entry
+            view = None
+            if borrow and flen > RESP_HEADER:
+                view = PyMemoryView_FromMemory(<char*>(p + RESP_HEADER), flen - RESP_HEADER, PyBUF_READ)
+                resp = response_tuple(p, flen, view)
+            else:
+                resp = response_tuple(p, flen, None)
             status = resp[1]
-            callback, ctx, _ = <tuple>entry
             try:
                 callback(ctx, resp, None if status == 0 else self._error_for(status))
             except Exception:
                 _log.exception("response callback failed")
+            if view is not None:
+                del resp
+                try:
+                    view.release()
+                except BufferError:
+                    _log.error("a response callback kept a view of a borrowed payload")
+            if self._generation != generation:
+                break
         return pos
 
     def expire(self, double now, error) -> None:
         """Fail the requests whose deadline passed with error(), a fresh BKError each."""
         late = [rid for rid, entry in self._pending.items() if (<tuple>entry)[2] < now]
         for rid in late:
-            callback, ctx, _ = self._pending.pop(rid)
+            callback, ctx, _, _ = self._pending.pop(rid)
             callback(ctx, None, error())
 
     def fail_all(self, err) -> None:
         """Fail every outstanding request with err (the connection is gone)."""
         pending, self._pending = self._pending, {}
-        self._in = bytearray()
-        for callback, ctx, _ in pending.values():
+        self._rstart = self._rend = 0
+        self._generation += 1
+        for callback, ctx, _, _ in pending.values():
             callback(ctx, None, err)
 
 

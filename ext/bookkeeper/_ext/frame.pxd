@@ -63,9 +63,11 @@ cdef inline void put_request(uint8_t* o, int op, int flags, uint64_t request_id,
         memcpy(o + REQ_HEADER, payload, plen)
 
 
-cdef inline tuple response_tuple(const uint8_t* p, Py_ssize_t flen, bytes empty):
-    """(op, status, request_id, ledger_id, entry_id, lac, payload) of the response frame at p."""
+cdef inline tuple response_tuple(const uint8_t* p, Py_ssize_t flen, object payload):
+    """(op, status, request_id, ledger_id, entry_id, lac, payload) of the response frame at p:
+    payload as given, or if None a copy of the frame's (b"" when it has none)."""
+    if payload is None:
+        payload = b"" if flen == RESP_HEADER else PyBytes_FromStringAndSize(<const char*>(p + RESP_HEADER),
+                                                                          flen - RESP_HEADER)
     return (p[5], (p[6] << 8) | p[7], get_u64(p + 8), get_u64(p + 16), <int64_t>get_u64(p + 24),
-            <int64_t>get_u64(p + 32),
-            empty if flen == RESP_HEADER else
-            PyBytes_FromStringAndSize(<const char*>(p + RESP_HEADER), flen - RESP_HEADER))
+            <int64_t>get_u64(p + 32), payload)

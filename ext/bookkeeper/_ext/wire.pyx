@@ -21,7 +21,6 @@ from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCO
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 
-cdef bytes _EMPTY = b""
 
 PROTOCOL_VERSION = 1
 REQUEST_HEADER_BYTES = REQ_HEADER
@@ -114,7 +113,7 @@ def parse_responses(const uint8_t[::1] buf, Py_ssize_t max_frame):
         flen = _frame_len(p, n - pos, RESP_HEADER, max_frame)
         if flen < 0:
             break
-        out.append(response_tuple(p, flen, _EMPTY))
+        out.append(response_tuple(p, flen, None))
         pos += flen
     return out, pos
 
