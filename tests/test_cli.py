@@ -7,6 +7,7 @@ one clear line on stderr, non-zero exit, no traceback, no log lines without -v.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -261,6 +262,47 @@ def test_ledgers_list_includes_the_ledger(cluster5: LocalCluster, ledger: Writte
     ids = [int(line) for line in r.out.split()]
     assert ledger.ledger_id in ids
     assert len(ids) == len(set(ids))
+
+
+def _bk_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("BK_METADATA_URI", "COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_a_command_with_stdin_closed_runs(cluster5: LocalCluster, ledger: Written) -> None:
+    """`bk ledgers list <&-`: the client's first socket must not take fd 0 (libuv aborted on it)."""
+    p = subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "ledgers", "list",
+                        "--metadata-uri", cluster5.metadata_uri], cwd=REPO, env=_bk_env(),
+                       preexec_fn=lambda: os.close(0), capture_output=True, timeout=CLI_TIMEOUT_S)
+    r = Result(p.returncode, p.stdout, p.stderr)
+    assert_ok(r)
+    assert ledger.ledger_id in [int(line) for line in r.out.split()]
+
+
+def test_ledger_read_into_a_closed_pipe_exits_141_quietly(cluster5: LocalCluster) -> None:
+    """`bk ledger read ... | head -1`: the reader goes after one line; bk exits 141 (as a pipeline
+    member killed by SIGPIPE would) with nothing on stderr, not a BrokenPipeError traceback."""
+    async def write() -> int:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as client:
+            lh = await client.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            await asyncio.gather(*(lh.add_entry_async(b"x" * 1024) for _ in range(400)))  # ~400 KiB of lines
+            await lh.close()
+            return lh.ledger_id
+    lid = run(write())
+    p = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", "ledger", "read", str(lid),
+                          "--metadata-uri", cluster5.metadata_uri], cwd=REPO, env=_bk_env(),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().startswith(b"0\t")  # type: ignore[union-attr]
+        p.stdout.close()  # type: ignore[union-attr]
+        err = p.stderr.read()  # type: ignore[union-attr]
+        assert p.wait(CLI_TIMEOUT_S) == 141, err
+        assert err == b"", err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def test_ledger_delete_removes_the_ledger(cluster5: LocalCluster) -> None:

@@ -647,7 +647,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _standard_fds() -> None:
+    """Open /dev/null on whichever of fds 0-2 is closed (`bk ... <&-`): else the first socket the
+    event loop opens gets fd 0-2, and libuv aborts when it closes it (uv__close asserts fd > 2)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            got = os.open(os.devnull, os.O_RDWR)
+            if got != fd:  # a lower fd was closed too and took it: that one is handled first
+                os.dup2(got, fd)
+                os.close(got)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _standard_fds()
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL, stream=sys.stderr,
@@ -665,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout has gone (`bk ledger read ... | head`): exit as a shell pipeline
+        # member does, quietly; Python flushes stdout again at exit, so point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
