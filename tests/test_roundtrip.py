@@ -166,6 +166,54 @@ def test_open_without_recovery_reads_up_to_lac(cluster5) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("e,qw,qa", [(3, 2, 2), (1, 1, 1)], ids=["3-2-2", "1-1-1"])
+def test_a_pausing_writers_last_entry_reaches_a_tailer_while_the_ledger_is_open(cluster5, e: int, qw: int,
+                                                                                 qa: int) -> None:
+    """Explicit LAC: a writer that stops after entry 4 sends its LAC once idle, so a tailer in
+    another client gets entry 4 (and READ_LAC says 4) with the ledger still open. Before, the
+    bookies learnt LAC 4 only from a fifth add's piggyback or the close."""
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri, explicit_lac_interval_ms=5) as bk, \
+                await BookKeeper.connect(cluster5.metadata_uri) as reader:
+            lh = await bk.create_ledger(ensemble=e, write_quorum=qw, ack_quorum=qa)
+            await lh.add_entry(b"0")
+            rh = await reader.open_ledger(lh.ledger_id, recovery=False)
+            got: list[bytes] = []
+
+            async def tail() -> None:
+                async for entry in rh.tail(0):
+                    got.append(entry.data)
+                    if len(got) == 5:
+                        return
+            tailer = asyncio.create_task(tail())
+            for i in range(1, 5):
+                await lh.add_entry(b"%d" % i)
+            await asyncio.wait_for(tailer, 10)  # a bound, not a timing goal: without the LAC it never ends
+            assert got == [b"%d" % i for i in range(5)]
+            assert not (await bk.ledger_metadata(lh.ledger_id)).is_closed
+            assert await rh.read_last_add_confirmed() == 4
+            assert await lh.add_entry(b"5") == 5  # the writer goes on: nothing was fenced
+            await lh.close()
+    run(main())
+
+
+def test_explicit_lac_off_leaves_the_last_entry_to_the_next_add(cluster5) -> None:
+    """explicit_lac_interval_ms=0: the bookies' LAC stays one behind a paused writer (what the
+    explicit LAC is for); a negative interval is a configuration error."""
+    async def main() -> None:
+        with pytest.raises(errors.ConfigError, match="explicit_lac_interval_ms"):
+            await BookKeeper.connect(cluster5.metadata_uri, explicit_lac_interval_ms=-1)
+        async with await BookKeeper.connect(cluster5.metadata_uri, explicit_lac_interval_ms=0) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            for i in range(5):
+                await lh.add_entry(b"%d" % i)
+            rh = await bk.open_ledger(lh.ledger_id, recovery=False)
+            await asyncio.sleep(0.2)  # 40 default intervals: a LAC that was going to be sent would be
+            assert await rh.read_last_add_confirmed() == 3
+            await lh.close()
+    run(main())
+
+
 def test_blocking_client_twin(cluster5) -> None:
     """bookkeeper.sync has the same names without await; add_entry_async returns a concurrent Future."""
     import concurrent.futures

@@ -145,3 +145,41 @@ def test_parked_long_poll_is_answered_when_a_covering_lac_arrives_not_when_it_is
         server.storage.close()
 
     uvloop.run(main())
+
+
+def test_write_lac_answers_a_parked_long_poll_and_is_refused_to_all_but_the_writer(tmp_path: Path) -> None:
+    """WRITE_LAC (an idle writer's explicit LAC) raises the shard's LAC at once, without a journal
+    record, and answers the long poll it now covers; a lower LAC is taken as a no-op; a wrong or
+    missing key, an unknown ledger, a negative LAC and a fenced ledger are refused."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        conn.data_received(adds(6, 0, 2, 10))  # entries 0, 1: the shard's LAC is 0 (piggybacked by 1)
+        await asyncio.sleep(0)
+        syncer.release_all()
+        conn.data_received(encode_request(Op.READ_ENTRY, Flag.LONG_POLL, 99, 6, 1, KEY, 5000, b""))
+        assert [r for r in sock.responses() if r[2] == 99] == []  # LAC 0 does not cover entry 1: parked
+        queued = journal.queued_bytes
+
+        def ask(req_id: int, ledger_id: int, lac: int, key: bytes = KEY) -> tuple:
+            conn.data_received(encode_request(Op.WRITE_LAC, 0, req_id, ledger_id, lac, key, 0, b""))
+            return next((r[1], r[5]) for r in sock.responses() if r[2] == req_id)
+
+        assert ask(100, 6, 1) == (Status.OK, 1)
+        answered = [r for r in sock.responses() if r[2] == 99]
+        assert [(r[1], r[4], r[5]) for r in answered] == [(Status.OK, 1, 1)]  # the parked poll, at once
+        assert ask(101, 6, 0) == (Status.OK, 1)  # never lowered
+        assert ask(102, 6, 5, key=bytes(range(20))) == (Status.UNAUTHORIZED, 1)
+        assert ask(103, 6, 5, key=bytes(20))[0] == Status.UNAUTHORIZED
+        assert ask(104, 7, 0)[0] == Status.NO_SUCH_LEDGER
+        assert ask(105, 6, -1)[0] == Status.BAD_REQUEST
+        assert server.storage.ledger(6).lac == 1  # type: ignore[union-attr]
+        assert journal.queued_bytes == queued  # advisory: nothing journaled
+        conn.data_received(encode_request(Op.READ_LAC, Flag.FENCE, 106, 6, -1, KEY, 0, b""))
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert ask(107, 6, 3) == (Status.FENCED, 1)
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())

@@ -50,6 +50,7 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "add_entry_errors": ("counter", "add requests answered with an error status"),
     "read_entry": ("counter", "read requests answered, any status (long polls included)"),
     "fence": ("counter", "fencing requests (read or read-LAC with the fence flag)"),
+    "write_lac": ("counter", "explicit LACs from idle writers (WRITE_LAC requests, any status)"),
     "bad_frames": ("counter", "connections closed for a frame that can never parse"),
     "journal_batches": ("counter", "journal blocks made durable"),
     "journal_bytes": ("counter", "journal bytes made durable"),

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 Response = tuple[int, int, int, int, int, int, bytes]
 # Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
+_WRITE_LAC = int(Op.WRITE_LAC)
 _OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
 _FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
 _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
@@ -226,6 +227,8 @@ class ShardServer:
                     self._read_latency.observe(time.monotonic() - t0)
             elif op == _READ_LAC:
                 self._read_lac(conn, flags, req_id, ledger_id, key)
+            elif op == _WRITE_LAC:
+                self._write_lac(conn, req_id, ledger_id, entry_id, key)
             elif op == _INFO:
                 usage = shutil.disk_usage(self.data_dir)
                 conn.respond((op, Status.OK, req_id, 0, 0, -1,
@@ -344,6 +347,30 @@ class ShardServer:
         if st is None:
             return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, -1, -1, b""))
         conn.respond((op, Status.OK, req_id, ledger_id, self.storage.last_entry_id(ledger_id), st.lac, b""))
+
+    def _write_lac(self, conn: BookieProtocol, req_id: int, ledger_id: int, lac: int, key: bytes) -> None:
+        """An idle writer's LAC (explicit LAC): raises this shard's LAC of the ledger, never lowers it.
+
+        Why not journaled: it is advisory. The LAC only ever covers entries an ack quorum
+        stored durably, so a LAC lost in a restart costs a tailer a later wake-up, never an
+        entry; the piggybacked LAC of the entries themselves is what storage keeps. Only the
+        ledger's writer (its master key) may send it, and not once the ledger is fenced.
+        """
+        op = Op.WRITE_LAC
+        if self._wrong_shard(ledger_id) or lac < 0:
+            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, lac, -1, b""))
+        st = self.storage.ledger(ledger_id)
+        if st is None:
+            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, lac, -1, b""))
+        if key == NO_KEY or st.master_key != key:
+            return conn.respond((op, Status.UNAUTHORIZED, req_id, ledger_id, lac, st.lac, b""))
+        if st.fenced:
+            return conn.respond((op, Status.FENCED, req_id, ledger_id, lac, st.lac, b""))
+        if lac > st.lac:
+            st.lac = lac
+            if ledger_id in self._waiters:
+                self._to_wake.add(ledger_id)  # answered after this receive buffer: wake_parked
+        conn.respond((op, Status.OK, req_id, ledger_id, lac, st.lac, b""))
 
     # -- long poll -------------------------------------------------------------
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:

@@ -267,6 +267,7 @@ class Shard:
         usage = storage.log_usage()
         counters = {"add_entry": server.counters[int(Op.ADD_ENTRY)], "add_entry_errors": server.counters["add_errors"],
                     "read_entry": server.counters[int(Op.READ_ENTRY)], "fence": server.counters["fence"],
+                    "write_lac": server.counters[int(Op.WRITE_LAC)],
                     "bad_frames": server.counters["bad_frames"], "journal_batches": journal.stats["blocks"],
                     "journal_bytes": journal.stats["bytes"], **self.counters}
         gauges = {"connections": len(server.connections), "paused_senders": len(server.paused),

@@ -22,6 +22,7 @@ class ClientConfig:
     max_outstanding_adds: int = 20_000      # per ledger: add_entry waits, add_entry_async refuses
     read_window: int = 512                  # entries in flight per range read
     long_poll_timeout_ms: int = 2_000       # tail: how long a bookie holds a long-poll read
+    explicit_lac_interval_ms: int = 10      # an idle writer sends its LAC after this long (0: never)
     placement: str = "rack_aware"           # or "random"
     placement_strict: bool = False          # rack_aware: fail instead of degrading when racks are too few
     zk_session_timeout_ms: int = 10_000
@@ -34,6 +35,8 @@ class ClientConfig:
             raise ConfigError("speculative_read_timeout_ms must be >= 0 (0: off)")
         if self.max_outstanding_adds < 1 or self.read_window < 1:
             raise ConfigError("max_outstanding_adds and read_window must be >= 1")
+        if self.explicit_lac_interval_ms < 0:
+            raise ConfigError("explicit_lac_interval_ms must be >= 0 (0: off)")
         if self.long_poll_timeout_ms < 1:
             raise ConfigError("long_poll_timeout_ms must be >= 1")
         if self.placement not in ("rack_aware", "random"):

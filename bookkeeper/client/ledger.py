@@ -312,6 +312,12 @@ class WriteHandle(ReadHandle):
         self._segment_epoch = -1
         self._segment: tuple[int, list[str], list[ShardConnection | None]] = (0, [], [])
         self._add_callback = self._on_add_response  # one bound method, not one per send
+        # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
+        # sent so far (a timer that sees them move knows the writer was not idle), and the timer.
+        self._lac_told = lac
+        self._adds_sent = 0
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timer_adds = 0
 
     @property
     def last_add_confirmed(self) -> int:
@@ -351,6 +357,8 @@ class WriteHandle(ReadHandle):
         # A recovery rewrite piggybacks the LAC recovery started from, never its own progress:
         # a concurrent recovery may still close the ledger earlier, and tailers trust the LAC.
         piggyback = self._lac_floor if self._recovery else self._tracker.lac
+        self._lac_told = piggyback
+        self._adds_sent += 1
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
         fut: asyncio.Future[int] = self._loop.create_future()
         first, ensemble, conns = self._current_segment()
@@ -411,9 +419,12 @@ class WriteHandle(ReadHandle):
         if err is None:
             # Counts only if the slot was not re-sent elsewhere since and the bookie is not being
             # replaced (the entry is resent to its replacement); resolves acknowledged futures.
-            if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies) and self._room is not None \
-                    and not self._room.done() and self._tracker.outstanding < self._bk.config.max_outstanding_adds:
-                self._room.set_result(None)
+            if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies):
+                if self._room is not None and not self._room.done() \
+                        and self._tracker.outstanding < self._bk.config.max_outstanding_adds:
+                    self._room.set_result(None)
+                if self._lac_timer is None and not self._recovery and self._bk.config.explicit_lac_interval_ms:
+                    self._arm_lac_timer()
             return
         if not self._tracker.is_current(entry_id, idx, bookie):
             return  # already settled, or from a bookie replaced since (resent elsewhere)
@@ -432,6 +443,35 @@ class WriteHandle(ReadHandle):
                 self._changing.add_done_callback(self._change_done)
         else:
             self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
+
+    # -- explicit LAC ------------------------------------------------------
+    def _arm_lac_timer(self) -> None:
+        self._lac_timer_adds = self._adds_sent
+        self._lac_timer = self._loop.call_later(self._bk.config.explicit_lac_interval_ms / 1000.0, self._lac_due)
+
+    def _lac_due(self) -> None:
+        """explicit_lac_interval_ms after the LAC moved: if the writer sent no add since, tell the
+        write set of the last acknowledged entry the LAC (Apache's WRITE_LAC / explicitLacInterval).
+
+        Why: a bookie learns the LAC only from the next add, which piggybacks it; a writer that
+        pauses would leave its last entries invisible to tailers until it writes again or
+        closes. While adds flow the piggyback does the job and the timer only re-arms.
+        """
+        self._lac_timer = None
+        if self._error is not None or self._closing or self.metadata.state is not self._writable_state:
+            return
+        lac = self._tracker.lac
+        if lac <= self._lac_told:
+            return
+        if self._adds_sent != self._lac_timer_adds:
+            self._arm_lac_timer()  # not idle: the next add carries the LAC; look again later
+            return
+        self._lac_told = lac
+        md = self.metadata
+        ensemble = md.ensemble_for(lac)
+        for idx in write_set(lac, md.ensemble_size, md.write_quorum):
+            self._bk.pool.send(ensemble[idx], Op.WRITE_LAC, 0, self.ledger_id, lac, self._key, 0, b"",
+                               _lac_answered, (self.ledger_id, ensemble[idx]), self._bk.config.add_timeout_s)
 
     async def _change_ensemble(self) -> None:
         """Move the unacknowledged entries off failed bookies (ensemble change).
@@ -503,6 +543,9 @@ class WriteHandle(ReadHandle):
         """The handle is broken: every outstanding and future add fails with err."""
         if self._error is None:
             self._error = err
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
         for _eid, fut in self._tracker.drop_all():
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
@@ -514,6 +557,9 @@ class WriteHandle(ReadHandle):
         if self.metadata.is_closed:
             return
         self._closing = True
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()  # the close itself tells tailers where the ledger ends
+            self._lac_timer = None
         if self._tracker.outstanding:
             await asyncio.gather(*self._tracker.futures(), return_exceptions=True)
         if self._changing is not None:
@@ -538,6 +584,13 @@ class WriteHandle(ReadHandle):
                     raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
         self._lac = lac
         self._length = length
+
+
+def _lac_answered(ctx: tuple[int, str], resp: tuple | None, err: BKError | None) -> None:
+    """An explicit LAC is advisory: a bookie that refuses it or is gone changes nothing for the
+    writer (its adds find out for themselves); logged for the operator at debug level."""
+    if err is not None:
+        log.debug("ledger %d: explicit LAC not taken by %s: %s", ctx[0], ctx[1], err)
 
 
 # -- recovery -------------------------------------------------------------------

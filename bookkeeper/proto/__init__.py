@@ -32,6 +32,7 @@ class Op(enum.IntEnum):
     READ_ENTRY = 2
     READ_LAC = 3
     GET_BOOKIE_INFO = 4
+    WRITE_LAC = 5      # an idle writer's LAC (entry_id), advisory: kept in memory, never journaled
 
 
 class Flag(enum.IntFlag):
