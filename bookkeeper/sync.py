@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import uvloop
@@ -85,6 +85,10 @@ class WriteHandle(ReadHandle):
     def add_entry(self, data: bytes) -> int:
         """Add and wait for the acknowledgement (waits for room at the outstanding bound)."""
         return self._lt.call(self._h.add_entry(data))  # type: ignore[attr-defined]
+
+    def add_entries(self, datas: Sequence[bytes]) -> list[int]:
+        """Add a batch (consecutive ids) and wait for all: one loop hop for the whole batch."""
+        return self._lt.call(self._h.add_entries(datas))  # type: ignore[attr-defined]
 
     def add_entry_async(self, data: bytes) -> concurrent.futures.Future[int]:
         out: concurrent.futures.Future[int] = concurrent.futures.Future()

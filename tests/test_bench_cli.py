@@ -55,6 +55,21 @@ def test_bench_client_reports_cpu_per_add_for_both_quorum_configs(tmp_path: Path
     assert all(r["ops_per_s"] > 0 and r["cpu_us_per_add"] > 0 for r in doc["results"])
 
 
+@pytest.mark.parametrize("driver", ["callback", "batch"])
+def test_bench_client_drives_the_handle_by_callbacks_or_batches(tmp_path: Path, driver: str) -> None:
+    """`bench client --driver callback|batch`: the same two configurations through add_entry_callback
+    or add_entries_async; `--driver raw` is refused (it drives no write handle)."""
+    doc = bench("client", "--seconds", "1", "--window", "50", "--driver", driver, tmp=tmp_path)
+    assert [r["driver"] for r in doc["results"]] == [driver, driver]
+    assert all(r["ops_per_s"] > 0 and r["cpu_us_per_add"] > 0 for r in doc["results"])
+
+
+def test_bench_client_refuses_the_raw_driver(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "bench", "client", "--driver", "raw",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "applies to bench bookie only" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_bench_stream_reports_records_and_the_ratio_to_a_ledger(tmp_path: Path) -> None:
     """`bench stream`: the stream row first (records/s), then the ledger phase of the same run,
     and the ratio between them."""
@@ -75,3 +90,31 @@ def test_bench_spark_reads_the_same_ledgers_with_spark_and_the_client(tmp_path: 
     assert [r["entry_bytes"] for r in spark_rows] == [100, 4096, 65536]
     assert all(r["ratio_to_client"] > 0 and r["rows"] > 0 for r in spark_rows)
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
+def test_closed_loop_ends_with_the_error_of_a_sender_that_raises() -> None:
+    """A sender that raises (e.g. at the outstanding bound) ends the run with its error instead
+    of leaving the loop waiting for completions that will never come."""
+    import asyncio
+
+    import uvloop
+
+    from bookkeeper.bench import histogram
+    from bookkeeper.bench.cluster import closed_loop
+
+    class Sender:
+        def __init__(self, fail_after: int) -> None:
+            self.sent, self.fail_after = 0, fail_after
+
+        def start(self, on_done) -> None:  # noqa: ANN001
+            self.on_done = on_done
+
+        def send(self, data: bytes, t: float) -> None:
+            if self.sent == self.fail_after:
+                raise RuntimeError(f"refused after {self.sent}")
+            self.sent += 1
+            asyncio.get_running_loop().call_soon(self.on_done, t, self.sent - 1, None)
+
+    for fail_after in (0, 2, 50):  # at once, among the first window, and later in the run
+        with pytest.raises(RuntimeError, match=f"refused after {fail_after}"):
+            uvloop.run(asyncio.wait_for(closed_loop([Sender(fail_after)], b"x", 30.0, 4, histogram()), 10))

@@ -295,7 +295,7 @@ def test_ack_resolves_futures_in_id_order_and_leaves_later_ones(loop) -> None:
     assert [f.result() for f in futs[:2]] == [0, 1] and not futs[2].done() and not futs[3].done()
     futs[2].cancel()
     assert t.ack(2, 2) == [] and t.ack(2, 0) == [(2, 33)]  # cancelled future: skipped, no error
-    assert futs[2].cancelled() and not futs[3].done() and t.lac == 2 and t.futures() == [futs[3]]
+    assert futs[2].cancelled() and not futs[3].done() and t.lac == 2 and t.drop_all() == [(3, futs[3])]
 
 
 def test_ack_from_counts_only_the_current_bookie_of_a_slot() -> None:
@@ -336,16 +336,15 @@ def test_add_order_sent_to_is_current_and_payload() -> None:
         pytest.raises(KeyError, t.payload, gone)
 
 
-def test_futures_and_drop_all(loop) -> None:
-    """futures() lists pending futures in order; drop_all returns (id, future) in order and empties the ring."""
+def test_drop_all(loop) -> None:
+    """drop_all returns (id, future or None) of every outstanding entry in order and empties the ring."""
     t = AddTracker(ensemble_size=2, write_quorum=2, ack_quorum=2, lac=9)
     futs = {e: loop.create_future() for e in (10, 11, 13, 14)}
     for e in range(10, 15):
         t.add(e, 1, futs.get(e))
-    assert t.futures() == [futs[10], futs[11], futs[13], futs[14]]
-    assert t.ack(10, 0) == [] and t.ack(10, 1) == [(10, 1)] and t.futures() == [futs[11], futs[13], futs[14]]
+    assert t.ack(10, 0) == [] and t.ack(10, 1) == [(10, 1)]
     assert t.drop_all() == [(11, futs[11]), (12, None), (13, futs[13]), (14, futs[14])]
-    assert t.outstanding == 0 and t.futures() == [] and t.pending_ids() == [] and t.drop_all() == []
+    assert t.outstanding == 0 and t.pending_ids() == [] and t.drop_all() == []
     assert [f.done() for f in futs.values()] == [True, False, False, False]  # dropping resolves nothing
     assert t.add(11, 1) == (1, 0) and t.lac == 10
 

@@ -214,6 +214,25 @@ def test_explicit_lac_off_leaves_the_last_entry_to_the_next_add(cluster5) -> Non
     run(main())
 
 
+def test_batches_and_callbacks_on_a_cluster_then_close_waits_for_the_callbacks(cluster5) -> None:
+    """add_entries / add_entry_callback on real bookies: consecutive ids among single adds, close()
+    returns only after every callback ran, and everything reads back in order."""
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            assert await lh.add_entry(b"s0") == 0
+            assert await lh.add_entries([b"b%d" % i for i in range(100)]) == list(range(1, 101))
+            seen: list[int] = []
+            for i in range(50):
+                lh.add_entry_callback(b"c%d" % i, lambda e, err: seen.append(e if err is None else -1))
+            await lh.close()
+            assert seen == list(range(101, 151)) and lh.metadata.last_entry_id == 150
+            rh = await bk.open_ledger(lh.ledger_id)
+            data = [x.data for x in await rh.read(0, 150)]
+            assert data == [b"s0"] + [b"b%d" % i for i in range(100)] + [b"c%d" % i for i in range(50)]
+    run(main())
+
+
 def test_blocking_client_twin(cluster5) -> None:
     """bookkeeper.sync has the same names without await; add_entry_async returns a concurrent Future."""
     import concurrent.futures
@@ -226,10 +245,11 @@ def test_blocking_client_twin(cluster5) -> None:
         futs = [lh.add_entry_async(b"n%d" % i) for i in range(1, 200)]
         assert all(isinstance(f, concurrent.futures.Future) for f in futs)
         assert [f.result(timeout=30) for f in futs] == list(range(1, 200))
+        assert lh.add_entries([b"x", b"y"]) == [200, 201]
         lh.close()
         rh = bk.open_ledger(lh.ledger_id, password=b"s")
         assert rh.read(0, 0)[0].data == b"zero"
-        assert [e.entry_id for e in rh.tail(190)] == list(range(190, 200))
+        assert [e.entry_id for e in rh.tail(190)] == list(range(190, 202))
         assert lh.ledger_id in list(bk.list_ledgers())
         bk.delete_ledger(lh.ledger_id)
 

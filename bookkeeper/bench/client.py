@@ -15,7 +15,7 @@ from typing import Any
 import uvloop
 
 from bookkeeper.bench import BenchResult, histogram, latency_ms
-from bookkeeper.bench.cluster import closed_loop, HandleAdds
+from bookkeeper.bench.cluster import closed_loop, handle_adds
 from bookkeeper.client.bookie_client import _ShardProtocol
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.ledger import WriteHandle
@@ -46,7 +46,7 @@ class _EchoTransport(asyncio.Transport):
 
 
 async def _run(ensemble: int, write_quorum: int, ack_quorum: int, size: int, seconds: float,
-               window: int) -> BenchResult:
+               window: int, driver: str) -> BenchResult:
     bk = BookKeeper(store=None)  # type: ignore[arg-type]  # no metadata calls: the handle is built here
     ids = [f"echo-{i}:3181" for i in range(ensemble)]
     bk._bookies = {b: {"shards": [{"host": b, "port": 3181}]} for b in ids}
@@ -60,15 +60,17 @@ async def _run(ensemble: int, write_quorum: int, ack_quorum: int, size: int, sec
                         digest=DigestType.CRC32C, password_digest=password_digest(b""), ensembles={0: ids})
     lat = histogram()
     cpu0 = time.process_time()
-    n, dt = await closed_loop([HandleAdds(WriteHandle(bk, md, b""))], os.urandom(size), seconds, window, lat)
+    n, dt = await closed_loop([handle_adds(WriteHandle(bk, md, b""), driver)], os.urandom(size), seconds, window,
+                              lat)
     cpu = time.process_time() - cpu0
     bk.pool.close()
-    return BenchResult(f"client {ensemble}/{write_quorum}/{ack_quorum} {size} B W={window} (echo bookies)",
+    return BenchResult(f"client {ensemble}/{write_quorum}/{ack_quorum} {size} B W={window}, {driver} driver (echo bookies)",
                        n / dt, n * size / dt / 1e6, latency_ms(lat),
-                       {"entry_bytes": size, "cpu_us_per_add": round(cpu / max(1, n) * 1e6, 2),
+                       {"entry_bytes": size, "driver": driver, "cpu_us_per_add": round(cpu / max(1, n) * 1e6, 2),
                         "cpu_percent": round(cpu / dt * 100, 1)})
 
 
-def client_bench(*, size: int, seconds: float, window: int) -> list[BenchResult]:
-    """The write handle's cost per add at E/Qw/Qa 1/1/1 and 3/2/2, seconds / 2 each."""
-    return [uvloop.run(_run(*cfg, size, seconds / len(CONFIGS), window)) for cfg in CONFIGS]
+def client_bench(*, size: int, seconds: float, window: int, driver: str = "client") -> list[BenchResult]:
+    """The write handle's cost per add at E/Qw/Qa 1/1/1 and 3/2/2, seconds / 2 each, driven
+    by a future per add ("client"), a callback per add ("callback") or batches ("batch")."""
+    return [uvloop.run(_run(*cfg, size, seconds / len(CONFIGS), window, driver)) for cfg in CONFIGS]

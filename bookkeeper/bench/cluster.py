@@ -75,6 +75,57 @@ class HandleAdds:
         self.lh.add_entry_async(data).add_done_callback(settled)
 
 
+class CallbackAdds(HandleAdds):
+    """The callback driver: add_entry_callback, no future per add."""
+
+    def send(self, data: bytes, t: float) -> None:
+        on_done = self.on_done
+        assert on_done is not None
+        self.lh.add_entry_callback(data, lambda eid, err: on_done(t, eid, err))
+
+
+class BatchAdds(HandleAdds):
+    """The batch driver: what is sent in one loop turn (at most `batch` entries) goes as one
+    add_entries_async call, one future for the batch."""
+
+    def __init__(self, lh: Any, batch: int = 256) -> None:
+        super().__init__(lh)
+        self.batch = batch
+        self.pending: list[bytes] = []
+        self.times: list[float] = []
+        self.scheduled = False
+
+    def send(self, data: bytes, t: float) -> None:
+        self.pending.append(data)
+        self.times.append(t)
+        if len(self.pending) >= self.batch:
+            self.flush()
+        elif not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        if not self.pending:
+            return
+        on_done, times = self.on_done, self.times
+        assert on_done is not None
+        fut = self.lh.add_entries_async(self.pending)
+        self.pending, self.times = [], []
+
+        def settled(f: asyncio.Future) -> None:
+            err = f.exception()
+            ids = f.result() if err is None else [-1] * len(times)
+            for t, eid in zip(times, ids):
+                on_done(t, eid, err)
+        fut.add_done_callback(settled)
+
+
+def handle_adds(lh: Any, driver: str) -> HandleAdds:
+    """A sender through a write handle: "client" (a future per add), "callback" or "batch"."""
+    return {"client": HandleAdds, "callback": CallbackAdds, "batch": BatchAdds}[driver](lh)
+
+
 class _RawAdds:
     """The raw driver: adds to one ledger over the wire protocol straight from the client's
     Cython pipe, with no write handle, no quorum tracking and no future, so that the bookie,
@@ -117,8 +168,19 @@ async def closed_loop(senders: list, payload: bytes, seconds: float, window: int
     t0 = perf()
     t_end = t0 + seconds
 
+    def send(t: float) -> bool:
+        """Send the next add; a sender that raises ends the run (its error is the result)."""
+        nonlocal i, error
+        try:
+            senders[i % len(senders)].send(payload, t)
+        except Exception as e:  # noqa: BLE001 - re-raised by closed_loop
+            error = error or e
+            return False
+        i += 1
+        return True
+
     def on_done(t: float, eid: int, err: BaseException | None) -> None:
-        nonlocal n, i, inflight, error
+        nonlocal n, inflight, error
         now = perf()
         if err is not None:
             error = error or err
@@ -127,9 +189,7 @@ async def closed_loop(senders: list, payload: bytes, seconds: float, window: int
             n += 1
             if acked_at is not None:
                 acked_at[eid] = now
-        if now < t_end and error is None:
-            senders[i % len(senders)].send(payload, now)
-            i += 1
+        if now < t_end and error is None and send(now):
             return
         inflight -= 1
         if inflight == 0 and not finished.done():
@@ -138,8 +198,10 @@ async def closed_loop(senders: list, payload: bytes, seconds: float, window: int
     for s in senders:
         s.start(on_done)
     for _ in range(window):
-        senders[i % len(senders)].send(payload, perf())
-        i += 1
+        if not send(perf()):
+            inflight -= 1
+    if inflight == 0:
+        finished.set_result(None)
     await finished
     if error is not None:
         raise error
@@ -215,7 +277,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
             try:
                 async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=1 << 20) as bk:
                     handles = await _ledgers_over_shards(bk, shards, ensemble=1, write_quorum=1, ack_quorum=1)
-                    handles = [_RawAdds(bk, lh) if driver == "raw" else HandleAdds(lh) for lh in handles]
+                    handles = [_RawAdds(bk, lh) if driver == "raw" else handle_adds(lh, driver) for lh in handles]
                     payload = os.urandom(size)
                     if open_loop_rate:
                         await phase(handles, payload, f"open loop {open_loop_rate:,.0f}/s", seconds,
@@ -232,7 +294,7 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
     finally:
         cluster.stop()
     rss_over_run = {k: v for k, v in watch.rss_summary().items() if "shard" in k}
-    return [BenchResult(f"bookie {shards} shard(s) {size} B {mode} [{driver}]", n / dt, n * size / dt / 1e6,
+    return [BenchResult(f"bookie {shards} shard(s) {size} B {mode}, {driver} driver", n / dt, n * size / dt / 1e6,
                         latency_ms(lat), {"shards": shards, "entry_bytes": size, "mode": mode, "driver": driver,
                                           "sync": sync, "cpu": cpu, "shard_rss_mb_over_run": rss_over_run,
                                           "peak_rss_mb": rss})
@@ -240,12 +302,12 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
 
 
 def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
-                  sync: str = "io_uring") -> list[BenchResult]:
+                  sync: str = "io_uring", driver: str = "client") -> list[BenchResult]:
     """3 bookies, a 3/2/2 ledger written through a write handle (the real client: striping,
     quorum, in-order acks). Two phases, seconds / 2 each: closed loop at W=window (the
     peak), then W=1 with a tailing reader (another client in this process) following the
     ledger: the add latency of a lone add, and the tail latency, from the writer's ack of
-    an entry to the reader's delivery of it."""
+    an entry to the reader's delivery of it. driver: how the handle is driven (handle_adds)."""
     cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync,
                            bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
@@ -258,7 +320,7 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
                 lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
                 payload = os.urandom(size)
                 lat, before = histogram(), watch.cpu()
-                n, dt = await closed_loop([HandleAdds(lh)], payload, seconds / 2, window, lat)
+                n, dt = await closed_loop([handle_adds(lh, driver)], payload, seconds / 2, window, lat)
                 phases.append((f"W={window}", n, lat, dt, watch.per_op(before, n, dt), None))
 
                 rh = await reader.open_ledger(lh.ledger_id, recovery=False)
@@ -273,7 +335,7 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
 
                 tailer = asyncio.create_task(tail(lh.last_add_confirmed + 1))
                 lat, before = histogram(), watch.cpu()
-                n, dt = await closed_loop([HandleAdds(lh)], payload, seconds / 2, 1, lat, acked_at)
+                n, dt = await closed_loop([handle_adds(lh, driver)], payload, seconds / 2, 1, lat, acked_at)
                 phases.append(("W=1, tailing reader", n, lat, dt, watch.per_op(before, n, dt), tail_lat))
                 await lh.close()
                 await asyncio.wait_for(tailer, 30)
@@ -281,8 +343,8 @@ def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
         rss = cluster_rss(cluster)
     finally:
         cluster.stop()
-    return [BenchResult(f"cluster 3/2/2 {size} B {mode}", n / dt, n * size / dt / 1e6, latency_ms(lat),
-                        {"entry_bytes": size, "mode": mode, "sync": sync, "cpu": cpu,
+    return [BenchResult(f"cluster 3/2/2 {size} B {mode}, {driver} driver", n / dt, n * size / dt / 1e6, latency_ms(lat),
+                        {"entry_bytes": size, "mode": mode, "sync": sync, "driver": driver, "cpu": cpu,
                          **({"tail_latency_ms": latency_ms(tail_lat)} if tail_lat is not None else {}),
                          "peak_rss_mb": rss})
             for mode, n, lat, dt, cpu, tail_lat in phases]

@@ -438,6 +438,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 
 # -- bench -------------------------------------------------------------------------
+def _handle_driver(args: argparse.Namespace) -> str:
+    """client and cluster drive write handles: every driver but raw (a bookie-only load generator)."""
+    if args.driver == "raw":
+        raise UsageError(f"--driver raw applies to bench bookie only; {args.bench} takes client, callback or batch")
+    return args.driver or "client"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark family; a table for people, one JSON object with --json."""
     from bookkeeper.bench import self_rss
@@ -466,10 +473,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            for r in bookie_bench(str(work), shards=s, size=(sizes or (100,))[0],
                                                  seconds=args.seconds / len(args.shards or [2]),
                                                  window=window,
-                                                 open_loop_rate=args.rate, sync=args.sync, driver=args.driver)]
+                                                 open_loop_rate=args.rate, sync=args.sync,
+                                                 driver=args.driver or "raw")]
             elif args.bench == "client":
                 from bookkeeper.bench.client import client_bench
-                results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=window)
+                results = client_bench(size=(sizes or (100,))[0], seconds=args.seconds / 2, window=window,
+                                       driver=_handle_driver(args))
             elif args.bench == "spark":
                 from bookkeeper.bench.spark import spark_bench
                 results = spark_bench(str(work), sync=args.sync, scale=args.scale)
@@ -479,7 +488,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        sync=args.sync)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
-                                        window=window, sync=args.sync)
+                                        window=window, sync=args.sync, driver=_handle_driver(args))
             else:
                 results = [read_bench(str(work), size=(sizes or (4096,))[0], entries=args.entries, sync=args.sync)]
         finally:
@@ -624,9 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="closed loop: adds (journal: records) in flight; default 1000, cluster 4000 (its peak "
                         "needs the depth: one client feeding three bookies)")
     s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
-    s.add_argument("--driver", choices=["raw", "client"], default="raw",
-                   help="bookie: send from the client's Cython pipe (raw, lighter than a shard) or through "
-                        "write handles (client)")
+    s.add_argument("--driver", choices=["raw", "client", "callback", "batch"], default=None,
+                   help="bookie (default raw): send from the client's Cython pipe (raw, lighter than a shard); "
+                        "bookie, client, cluster (default client): through write handles with a future per add "
+                        "(client), a callback per add (callback) or add_entries_async batches (batch)")
     s.add_argument("--in-shard", action="store_true",
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")

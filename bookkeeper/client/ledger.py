@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.core import AddTracker, entry_missing, fence_covered, write_set
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
@@ -338,19 +338,80 @@ class WriteHandle(ReadHandle):
         Raises TooManyOutstandingAddsError at the max_outstanding_adds bound: use
         `await add_entry(...)`, which waits for room, to be paced instead.
         """
+        self._check_room(1)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._send_entry(self._checked(data), fut)
+        return fut
+
+    def add_entries_async(self, datas: Sequence[bytes]) -> asyncio.Future[list[int]]:
+        """Send a batch of entries now, with consecutive ids; one future for the batch.
+
+        It resolves to the ids, in order, once the last is acknowledged (acks are in id order,
+        so all are). If the handle fails meanwhile, it fails with the handle's error, whose
+        `acknowledged` attribute lists the ids of the batch acknowledged before the failure:
+        a prefix, exactly the entries single adds would have seen succeed. Every entry is
+        checked before any is sent, so a bad one sends nothing.
+        """
+        self._check_room(len(datas))
+        items = [self._checked(d) for d in datas]
+        out: asyncio.Future[list[int]] = self._loop.create_future()
+        if not items:
+            out.set_result([])
+            return out
+        first = self._next
+        last_fut: asyncio.Future[int] = self._loop.create_future()
+        for data in items[:-1]:
+            self._send_entry(data, None)
+        self._send_entry(items[-1], last_fut)
+
+        def settle(f: asyncio.Future[int]) -> None:
+            if out.done():
+                return
+            err = f.exception()
+            if err is None:
+                out.set_result(list(range(first, f.result() + 1)))
+            else:
+                err.acknowledged = list(range(first, min(self._tracker.lac, first + len(items) - 1) + 1))  # type: ignore[attr-defined]
+                out.set_exception(err)
+        last_fut.add_done_callback(settle)
+        return out
+
+    async def add_entries(self, datas: Sequence[bytes]) -> list[int]:
+        """add_entries_async, waiting for room first (a batch larger than max_outstanding_adds
+        is refused: split it)."""
+        if len(datas) > self._bk.config.max_outstanding_adds:
+            raise TooManyOutstandingAddsError(f"a batch of {len(datas)} entries exceeds max_outstanding_adds "
+                                              f"({self._bk.config.max_outstanding_adds})")
+        await self._wait_for_room(len(datas))
+        return await self.add_entries_async(datas)
+
+    def add_entry_callback(self, data: bytes, callback: Callable[[int, BKError | None], None]) -> None:
+        """Send an entry; callback(entry_id, None) runs on the client loop once it is acknowledged
+        (in id order), or callback(entry_id, error) if the handle fails first. For services that
+        do not want a future per entry; an exception from the callback is logged, not raised."""
+        self._check_room(1)
+        self._send_entry(self._checked(data), _AddCallback(callback, self._next))
+
+    def _check_room(self, n: int) -> None:
         if self._closing or self.metadata.state is not self._writable_state:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
         if self._error is not None:
             raise type(self._error)(str(self._error))
+        if self._tracker.outstanding + n > self._bk.config.max_outstanding_adds:
+            raise TooManyOutstandingAddsError(f"ledger {self.ledger_id}: {self._tracker.outstanding} adds "
+                                              f"outstanding, {n} more would pass max_outstanding_adds")
+
+    def _checked(self, data: bytes) -> bytes:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"entry data must be bytes, not {type(data).__name__}")
-        if self._tracker.outstanding >= self._bk.config.max_outstanding_adds:
-            raise TooManyOutstandingAddsError(f"ledger {self.ledger_id}: {self._tracker.outstanding} adds "
-                                              f"outstanding (max_outstanding_adds)")
-        data = bytes(data)
         if len(data) + self._frame_overhead > self._bk.pool.max_frame_bytes:
             raise TooLargeError(f"entry of {len(data)} bytes does not fit the {self._bk.pool.max_frame_bytes}-byte "
                                 f"frame limit")
+        return bytes(data)
+
+    def _send_entry(self, data: bytes, fut: Any) -> None:
+        """Give the next entry id to data and send it to its write set; fut (a future, an
+        _AddCallback or None) is settled when it is acknowledged or the handle fails."""
         entry_id = self._next
         self._next += 1
         self._sent_length += len(data)
@@ -360,13 +421,12 @@ class WriteHandle(ReadHandle):
         self._lac_told = piggyback
         self._adds_sent += 1
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
-        fut: asyncio.Future[int] = self._loop.create_future()
         first, ensemble, conns = self._current_segment()
         if entry_id < first:  # a recovery rewrite below the fenced writer's last segment
             ensemble = self.metadata.ensemble_for(entry_id)
             for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
                 self._send_add(entry_id, idx, ensemble[idx], payload)
-            return fut
+            return
         timeout_s = self._bk.config.add_timeout_s
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
             conn = conns[idx]
@@ -375,7 +435,6 @@ class WriteHandle(ReadHandle):
             elif conn.pipe.send(Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
                                 self._add_callback, (entry_id, idx, ensemble[idx]), timeout_s):
                 conn.ensure_connecting()
-        return fut
 
     def _current_segment(self) -> tuple[int, list[str], list[ShardConnection | None]]:
         """The last segment's first entry, its ensemble and each slot's shard connection
@@ -402,9 +461,9 @@ class WriteHandle(ReadHandle):
         await self._wait_for_room()
         return await self.add_entry_async(data)
 
-    async def _wait_for_room(self) -> None:
-        """Until fewer than max_outstanding_adds are outstanding (or the handle failed)."""
-        while self._tracker.outstanding >= self._bk.config.max_outstanding_adds and self._error is None:
+    async def _wait_for_room(self, n: int = 1) -> None:
+        """Until n more adds fit under max_outstanding_adds (or the handle failed)."""
+        while self._tracker.outstanding + n > self._bk.config.max_outstanding_adds and self._error is None:
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
             await asyncio.shield(self._room)
@@ -420,9 +479,8 @@ class WriteHandle(ReadHandle):
             # Counts only if the slot was not re-sent elsewhere since and the bookie is not being
             # replaced (the entry is resent to its replacement); resolves acknowledged futures.
             if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies):
-                if self._room is not None and not self._room.done() \
-                        and self._tracker.outstanding < self._bk.config.max_outstanding_adds:
-                    self._room.set_result(None)
+                if self._room is not None and not self._room.done():
+                    self._room.set_result(None)  # a waiter for room, or close() for the last ack
                 if self._lac_timer is None and not self._recovery and self._bk.config.explicit_lac_interval_ms:
                     self._arm_lac_timer()
             return
@@ -560,8 +618,10 @@ class WriteHandle(ReadHandle):
         if self._lac_timer is not None:
             self._lac_timer.cancel()  # the close itself tells tailers where the ledger ends
             self._lac_timer = None
-        if self._tracker.outstanding:
-            await asyncio.gather(*self._tracker.futures(), return_exceptions=True)
+        while self._tracker.outstanding and self._error is None:  # settled in order: the last ack ends it
+            if self._room is None or self._room.done():
+                self._room = self._loop.create_future()
+            await asyncio.shield(self._room)
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
         lac, length = self._tracker.lac, self._tracker.length
@@ -584,6 +644,34 @@ class WriteHandle(ReadHandle):
                     raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
         self._lac = lac
         self._length = length
+
+
+class _AddCallback:
+    """add_entry_callback's stand-in for a future in the add tracker (which calls done(),
+    set_result(entry id) and set_exception(error) on whatever it holds per entry)."""
+
+    __slots__ = ("fn", "entry_id", "called")
+
+    def __init__(self, fn: Callable[[int, BKError | None], None], entry_id: int) -> None:
+        self.fn = fn
+        self.entry_id = entry_id
+        self.called = False
+
+    def done(self) -> bool:
+        return self.called
+
+    def set_result(self, entry_id: int) -> None:
+        self._call(None)
+
+    def set_exception(self, err: BaseException) -> None:
+        self._call(err)  # type: ignore[arg-type]
+
+    def _call(self, err: BKError | None) -> None:
+        self.called = True
+        try:
+            self.fn(self.entry_id, err)
+        except Exception:
+            log.exception("add callback for entry %d failed", self.entry_id)
 
 
 def _lac_answered(ctx: tuple[int, str], resp: tuple | None, err: BKError | None) -> None:

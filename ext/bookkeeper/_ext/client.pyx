@@ -536,11 +536,6 @@ cdef class AddTracker:
         """Outstanding entry ids in order."""
         return list(range(self.lac + 1, self.lac + 1 + self._count))
 
-    def futures(self) -> list:
-        """The futures of the outstanding entries, in order."""
-        return [self._futures[(self._head + i) % self._cap] for i in range(self._count)
-                if self._futures[(self._head + i) % self._cap] is not None]
-
     def drop_all(self) -> list:
         """Forget every outstanding entry (the handle failed); returns (entry_id, future) in order."""
         cdef Py_ssize_t i, pos
