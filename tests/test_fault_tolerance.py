@@ -315,11 +315,11 @@ def test_recovery_replaces_a_dead_bookie_while_rewriting(cluster) -> None:
     _heal(cluster)
 
     async def main() -> None:
-        async with await BookKeeper.connect(cluster.metadata_uri) as w:
+        async with await BookKeeper.connect(cluster.metadata_uri, explicit_lac_interval_ms=0) as w:
             lh = await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"d")
             acked = await asyncio.gather(*(lh.add_entry_async(b"d%d" % i) for i in range(500)))
             assert acked == list(range(500))
-            # the bookies' LAC lags the writer: entries past it must be rewritten by recovery
+            # the bookies' LAC lags the writer (no explicit LAC): entries past it must be rewritten by recovery
             victim_id = lh.metadata.ensembles[0][(499 + 1) % 3]
             victim = next(b for b in cluster.bookies if b.bookie_id == victim_id)
             victim.kill()
@@ -337,15 +337,26 @@ def test_recovery_replaces_a_dead_bookie_while_rewriting(cluster) -> None:
         _heal(cluster)
 
 
-def test_recovery_after_an_interrupted_recovery_reads_the_writers_segment(cluster) -> None:
+@pytest.mark.parametrize("explicit_lac_ms", [0, 10], ids=["lac-lags", "explicit-lac"])
+def test_recovery_after_an_interrupted_recovery_reads_the_writers_segment(cluster, explicit_lac_ms: int) -> None:
     """A recovery that changed ensembles and died before closing leaves a segment the writer never
-    wrote to; the next recovery reads the writer's own segment, so no acknowledged entry is cut."""
+    wrote to; the next recovery reads the writer's own segment, so no acknowledged entry is cut.
+    With the explicit LAC the next recovery sees LAC 99, above where the interrupted one's segment
+    begins: the entries it does not rewrite must stay where the writer put them (found by the
+    explicit LAC: recovery used to keep the interrupted recovery's segment and lose all 100)."""
     _heal(cluster)
 
     async def main() -> None:
-        async with await BookKeeper.connect(cluster.metadata_uri) as w:
+        async with await BookKeeper.connect(cluster.metadata_uri, explicit_lac_interval_ms=explicit_lac_ms) as w:
             lh = await w.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"i")
             assert await asyncio.gather(*(lh.add_entry_async(b"i%d" % i) for i in range(100))) == list(range(100))
+            if explicit_lac_ms:  # the condition this case is about: the bookie knows LAC 99
+                peek = await w.open_ledger(lh.ledger_id, password=b"i", recovery=False)
+                for _ in range(1000):
+                    if await peek.read_last_add_confirmed() == 99:
+                        break
+                    await asyncio.sleep(0.01)
+                assert peek.last_add_confirmed == 99
             md = await w.ledger_metadata(lh.ledger_id)
             others = [b.bookie_id for b in cluster.bookies if b.bookie_id not in md.ensembles[0]]
             # What an interrupted first recovery leaves: IN_RECOVERY, the writer's segments noted,
@@ -370,7 +381,8 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
         pass
 
     async def main() -> None:
-        async with await BookKeeper.connect(cluster.metadata_uri, placement="random") as w:
+        # no explicit LAC: the bookies' LAC stays -1 after the burst, so recovery 1 rewrites from entry 0
+        async with await BookKeeper.connect(cluster.metadata_uri, placement="random", explicit_lac_interval_ms=0) as w:
             lh = await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"p")
             assert await asyncio.gather(*(lh.add_entry_async(b"e%d" % i) for i in range(200))) == list(range(200))
             orig = list(lh.metadata.ensembles[0])

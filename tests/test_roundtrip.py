@@ -233,6 +233,42 @@ def test_batches_and_callbacks_on_a_cluster_then_close_waits_for_the_callbacks(c
     run(main())
 
 
+def test_bookie_registrations_are_read_again_only_after_a_watch_says_they_changed(cluster5) -> None:
+    """Creates, opens and closes read no registration while none changes (they used to re-read
+    every bookie each time); a bookie registering trips the ZooKeeper watch, and the next
+    create reads the registrations again and knows it."""
+    import json
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as bk:
+            reads: list[bool] = []
+            real = bk.store.get_bookies
+
+            def counted(*, readonly: bool = False) -> dict:
+                reads.append(readonly)
+                return real(readonly=readonly)
+            bk.store.get_bookies = counted  # type: ignore[method-assign]  # a spy: the real read runs
+            for _ in range(5):
+                lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+                await lh.add_entry(b"x")
+                await bk.open_ledger(lh.ledger_id, recovery=False)
+                await lh.close()
+            assert reads == []
+            path = f"{bk.store.root}/available/watched-bookie:1"
+            info = json.dumps({"shards": [{"host": "127.0.0.1", "port": 1}]}).encode()
+            await bk.metadata_call(lambda: bk.store.zk.create(path, info, ephemeral=True))
+            try:
+                deadline = asyncio.get_running_loop().time() + 10
+                while not bk._bookies_dirty and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.01)
+                lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+                assert sorted(reads) == [False, True] and "watched-bookie:1" in bk._bookies
+                await lh.close()
+            finally:
+                await bk.metadata_call(bk.store.zk.delete, path)
+    run(main())
+
+
 def test_blocking_client_twin(cluster5) -> None:
     """bookkeeper.sync has the same names without await; add_entry_async returns a concurrent Future."""
     import concurrent.futures

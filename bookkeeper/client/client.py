@@ -44,6 +44,11 @@ class BookKeeper:
         self._rng = random.Random(seed)
         self._bookies: dict[str, dict[str, Any]] = {}
         self._writable: list[str] = []
+        # Registrations are re-read only after a ZooKeeper watch says they changed (set from
+        # kazoo's thread: a plain attribute write), not on every create, open or ensemble change.
+        self._bookies_dirty = True
+        self._watching = False
+        self._closed = False
         self._loop = asyncio.get_running_loop()
 
     @classmethod
@@ -73,6 +78,7 @@ class BookKeeper:
         await self.close()
 
     async def close(self) -> None:
+        self._closed = True  # the bookie watches drop themselves at their next event
         self.pool.close()
         await self.metadata_call(self.store.close)
 
@@ -87,13 +93,30 @@ class BookKeeper:
 
     # -- bookies -----------------------------------------------------------
     async def refresh_bookies(self) -> dict[str, dict[str, Any]]:
-        """Re-read the registered bookies (writable and read-only)."""
+        """Re-read the registered bookies (writable and read-only); the first call also sets the
+        watches that say when they change (_bookies_changed)."""
+        if not self._watching:
+            self._watching = True
+            await self.metadata_call(self.store.watch_bookies, self._bookies_changed)
+        self._bookies_dirty = False  # before the reads: a change during them marks it again
         writable = await self.metadata_call(self.store.get_bookies)
         readonly = await self.metadata_call(functools.partial(self.store.get_bookies, readonly=True))
         self._bookies = {**readonly, **writable}
         self.pool.invalidate_routes()
         self._writable = list(writable)
         return self._bookies
+
+    def _bookies_changed(self) -> bool:
+        """kazoo's thread: the registrations may have changed. False once closed (drops the watch)."""
+        if self._closed:
+            return False
+        self._bookies_dirty = True
+        return True
+
+    async def _current_bookies(self) -> None:
+        """The registrations as of the last change the watches reported."""
+        if self._bookies_dirty:
+            await self.refresh_bookies()
 
     def _resolve(self, bookie_id: str) -> dict[str, Any] | None:
         return self._bookies.get(bookie_id)
@@ -125,7 +148,14 @@ class BookKeeper:
         left, as Apache BookKeeper does: a long-lived writer never runs out of replacements
         while bookies that failed once are back and healthy.
         """
-        await self.refresh_bookies()
+        await self._current_bookies()
+        try:
+            return self._replace(md, base, slots, exclude)
+        except NotEnoughBookiesError:  # a bookie may have registered just now: the watch may lag
+            await self.refresh_bookies()
+            return self._replace(md, base, slots, exclude)
+
+    def _replace(self, md: LedgerMetadata, base: list[str], slots: list[int], exclude: set[str]) -> list[str]:
         ensemble = list(base)
         racks = self._racks(self._writable)
         avoid = exclude | self.quarantine.current()
@@ -173,7 +203,9 @@ class BookKeeper:
         for k, v in custom.items():
             if not isinstance(k, str) or not isinstance(v, bytes):
                 raise TypeError("custom_metadata must map str to bytes")
-        await self.refresh_bookies()
+        await self._current_bookies()
+        if len(self._writable) < ensemble:
+            await self.refresh_bookies()  # a bookie may have registered just now: the watch may lag
         if len(self._writable) < ensemble:
             raise NotEnoughBookiesError(f"ensemble of {ensemble} needs {ensemble} writable bookies, "
                                         f"{len(self._writable)} registered")
@@ -202,7 +234,7 @@ class BookKeeper:
         if digest is not None and DigestType(digest) is not md.digest:
             raise BKError(f"ledger {ledger_id} uses digest {md.digest.value}, not {DigestType(digest).value}")
         if not md.is_closed:
-            await self.refresh_bookies()
+            await self._current_bookies()
             if recovery:
                 md = await recover(self, md, password)
         handle = ReadHandle(self, md, password, md.last_entry_id)

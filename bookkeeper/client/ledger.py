@@ -743,8 +743,12 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         length = (await handle._read_one(lac))[2] if lac >= 0 else 0
         # Rewrite what lies past the LAC through a recovery write handle: its adds carry
         # RECOVERY_ADD (accepted on fenced bookies) and a dead bookie is replaced by an
-        # ensemble change, as for any writer; the metadata stays IN_RECOVERY meanwhile.
-        writer = WriteHandle(bk, md, password, recovery=True, lac=lac, length=length)
+        # ensemble change, as for any writer; the metadata stays IN_RECOVERY meanwhile. It
+        # starts from the writer's segments, not from an interrupted recovery's replacements:
+        # the entries up to this LAC live there, and this recovery may have seen a higher LAC
+        # than the interrupted one did (another bookie answered, or an explicit LAC arrived
+        # before the fence), so a replacement segment may begin at or below it.
+        writer = WriteHandle(bk, writer_view, password, recovery=True, lac=lac, length=length)
         rewrites: list[asyncio.Future[int]] = []
         entry_id = lac + 1
         try:

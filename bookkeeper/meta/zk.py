@@ -138,6 +138,19 @@ class ZkMetadataStore:
         except NoNodeError:
             pass
 
+    def watch_bookies(self, changed: Callable[[], bool]) -> None:
+        """Call changed() from kazoo's thread whenever the registered bookies may have changed: a
+        child added or removed under available/ or available/readonly (registrations are
+        ephemeral nodes, so a restart or a read-only switch is a removal and an addition), or a
+        session state change (a watch may have missed events meanwhile). It is called once at
+        once; when it returns False the watches and the listener are dropped."""
+        for path in (f"{self.root}/available", f"{self.root}/available/readonly"):
+            self.zk.ChildrenWatch(path, lambda _children: changed())
+
+        def on_state(_state: Any) -> bool:
+            return not changed()  # kazoo removes a listener that returns True
+        self.zk.add_listener(on_state)
+
     def get_bookies(self, *, readonly: bool = False) -> dict[str, dict[str, Any]]:
         """Registered bookies (writable, or read-only) -> registration info."""
         base = f"{self.root}/available" + ("/readonly" if readonly else "")
