@@ -202,6 +202,21 @@ def test_expire_fails_only_overdue_requests_and_fail_all_fails_the_rest() -> Non
     assert calls[5:] == [expected(resp(6))]
 
 
+def test_expire_orders_deadlines_per_timeout_not_by_send_order() -> None:
+    """A short-timeout request sent after long-timeout ones expires first, answered requests never
+    expire, and the long ones expire once their own deadline passes."""
+    pipe, _, calls = make_pipe()
+    for i in range(3):
+        send(pipe, calls, f"long{i}", 100.0)
+    send(pipe, calls, "short", 1.0)
+    pipe.feed(encode_responses([resp(2)]))  # long1 answered
+    now = time.monotonic()
+    pipe.expire(now + 10, lambda: "late")
+    assert [c[0] for c in calls] == ["long1", "short"] and calls[1][2] == "late" and pipe.outstanding == 2
+    pipe.expire(now + 1000, lambda: "later")
+    assert sorted(c[0] for c in calls[2:]) == ["long0", "long2"] and pipe.outstanding == 0
+
+
 def test_raising_callback_is_logged_and_dispatch_continues(caplog: pytest.LogCaptureFixture) -> None:
     """A callback that raises is logged; later responses in the same buffer are still dispatched."""
     pipe, _, calls = make_pipe()

@@ -25,6 +25,7 @@ from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCO
 import hashlib
 import hmac
 import logging
+from collections import deque
 
 import crc32c as _crc32c
 
@@ -137,6 +138,7 @@ cdef class RequestPipe:
     cdef Py_ssize_t _rcap, _rstart, _rend
     cdef uint64_t _generation
     cdef dict _pending
+    cdef dict _deadlines
     cdef uint64_t _next_id
     cdef Py_ssize_t _max_frame
     cdef object _error_for
@@ -157,6 +159,7 @@ cdef class RequestPipe:
         self._rcap = self._rstart = self._rend = 0
         self._generation = 0
         self._pending = {}
+        self._deadlines = {}
         self._next_id = 1
         self._max_frame = max_frame
         self._error_for = error_for
@@ -188,7 +191,12 @@ cdef class RequestPipe:
                     PyBytes_AS_STRING(key), aux, PyBytes_AS_STRING(payload), plen)
         cdef timespec now
         clock_gettime(CLOCK_MONOTONIC, &now)
-        self._pending[rid] = (callback, ctx, now.tv_sec + now.tv_nsec * 1e-9 + timeout_s, borrow)
+        cdef double deadline = now.tv_sec + now.tv_nsec * 1e-9 + timeout_s
+        self._pending[rid] = (callback, ctx, deadline, borrow)
+        queue = self._deadlines.get(timeout_s)
+        if queue is None:
+            queue = self._deadlines[timeout_s] = deque()
+        queue.append((deadline, rid))
         if not self.connected:
             return True
         if old == 0:
@@ -303,15 +311,28 @@ cdef class RequestPipe:
         return pos
 
     def expire(self, double now, error) -> None:
-        """Fail the requests whose deadline passed with error(), a fresh BKError each."""
-        late = [rid for rid, entry in self._pending.items() if (<tuple>entry)[2] < now]
-        for rid in late:
-            callback, ctx, _, _ = self._pending.pop(rid)
-            callback(ctx, None, error())
+        """Fail the requests whose deadline passed with error(), a fresh BKError each.
+
+        Costs the requests expired or answered since the last call, not every pending one:
+        deadlines are kept in one FIFO per timeout value, where send order is deadline order.
+        """
+        cdef double deadline
+        for queue in list(self._deadlines.values()):
+            while queue:
+                deadline, rid = queue[0]
+                if rid not in self._pending:
+                    queue.popleft()  # answered: its deadline no longer matters
+                elif deadline < now:
+                    queue.popleft()
+                    callback, ctx, _, _ = self._pending.pop(rid)
+                    callback(ctx, None, error())
+                else:
+                    break  # the rest of this queue was sent later with the same timeout
 
     def fail_all(self, err) -> None:
         """Fail every outstanding request with err (the connection is gone)."""
         pending, self._pending = self._pending, {}
+        self._deadlines = {}
         self._rstart = self._rend = 0
         self._generation += 1
         for callback, ctx, _, _ in pending.values():
