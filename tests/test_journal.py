@@ -37,7 +37,7 @@ from bookkeeper._ext.journal import (
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.journal.journal import FILE_VERSION, JournalFailedError
 from bookkeeper.bookie.journal.policy import FlushReason, flush_reason
-from bookkeeper.bookie.journal.syncer import ThreadSyncer, UringSyncer
+from bookkeeper.bookie.journal.syncer import ThreadSyncer, UringSyncer, completion
 from bookkeeper.testing.syncers import ManualSyncer
 
 U64_MAX = 2**64 - 1
@@ -338,6 +338,90 @@ def test_syncer_reports_write_error_as_oserror(tmp_path: Path, kind: str) -> Non
     err = run(main)
     assert isinstance(err, OSError)
     assert err.errno == errno.EBADF
+
+
+def test_completion_of_a_linked_write_and_sync() -> None:
+    """The decision table of one write + fdatasync CQE pair for an 8192-byte block."""
+    assert completion(8192, 0, 8192, 0) is None                       # whole, synced
+    assert completion(8192, 6000, 2192, 0) is None                    # the rest of a retried block
+    assert completion(8192, 0, 6000, -errno.ECANCELED) == 6000        # short: the rest goes again
+    assert completion(8192, 6000, 100, -errno.ECANCELED) == 6100      # shorter again: again
+    err = completion(8192, 6000, 0, -errno.ECANCELED)                 # no progress: no endless loop
+    assert isinstance(err, OSError) and err.errno == errno.EIO and "no progress" in str(err)
+    err = completion(8192, 0, -errno.ENOSPC, -errno.ECANCELED)
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC and "write" in str(err)
+    err = completion(8192, 0, 8192, -errno.EIO)
+    assert isinstance(err, OSError) and err.errno == errno.EIO and "fdatasync" in str(err)
+
+
+@pytest.fixture
+def file_size_limit():
+    """set(n): writes past n bytes are short (then EFBIG); SIGXFSZ ignored; all restored after."""
+    import resource
+    import signal
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (soft if n is None else n, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, old)
+
+
+def test_uring_short_write_is_retried_from_where_it_stopped(tmp_path: Path, file_size_limit) -> None:
+    """io_uring: a write cut short at 6000 of 8192 bytes (a file size limit, lifted before the
+    retry) is resubmitted for the remaining bytes with its sync, and reported durable once; it
+    used to be reported as EIO (a failed journal: the shard stops)."""
+    path = tmp_path / "short"
+    block = bytes(range(256)) * 32
+
+    async def main() -> tuple[OSError | None, list[int]]:
+        loop = asyncio.get_running_loop()
+        syncer = UringSyncer(loop)
+        submitted: list[int] = []
+        real = syncer._submit
+
+        def lift_then_submit(fd, buf, offset, written, done) -> None:  # noqa: ANN001
+            submitted.append(written)
+            if written:
+                file_size_limit(None)  # the condition passes: the retry can complete
+            real(fd, buf, offset, written, done)
+        syncer._submit = lift_then_submit  # type: ignore[method-assign]  # a spy: the real submit runs
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fut = loop.create_future()
+            file_size_limit(6000)
+            syncer.submit(fd, block, 0, fut.set_result)
+            return await asyncio.wait_for(fut, 10), submitted
+        finally:
+            syncer.close()
+            os.close(fd)
+
+    err, submitted = run(main)
+    assert err is None and submitted == [0, 6000]
+    assert path.read_bytes() == block
+
+
+def test_thread_syncer_retries_a_short_write_and_reports_what_stops_it(tmp_path: Path, file_size_limit) -> None:
+    """The thread syncer's pwrite loop goes on after a short write; the retry meets the limit and
+    its EFBIG is what done() gets (not a hang, not a silent success); 6000 bytes are on disk."""
+    path = tmp_path / "short"
+
+    async def main() -> OSError | None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fut = loop.create_future()
+            file_size_limit(6000)
+            syncer.submit(fd, bytes(8192), 0, fut.set_result)
+            return await asyncio.wait_for(fut, 10)
+        finally:
+            file_size_limit(None)
+            syncer.close()
+            os.close(fd)
+
+    err = run(main)
+    assert isinstance(err, OSError) and err.errno == errno.EFBIG
+    assert path.stat().st_size == 6000
 
 
 # -- Journal end to end ----------------------------------------------------------------------------

@@ -54,8 +54,10 @@ class ThreadSyncer:
     @staticmethod
     def _write_sync(fd: int, buf: bytes | bytearray, offset: int) -> None:
         view = memoryview(buf)
-        while view:
+        while view:  # a short write is retried from where it stopped
             n = os.pwrite(fd, view, offset)
+            if n == 0:
+                raise OSError(errno.EIO, f"journal write made no progress at offset {offset}")
             view = view[n:]
             offset += n
         os.fdatasync(fd)
@@ -93,16 +95,22 @@ class UringSyncer:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         liburing.io_uring_register_eventfd(self._ring, self._efd)
         self._next = 2  # even: the write; odd (+1): its fdatasync
-        # token -> (buffer kept alive, expected bytes, done, write result or None)
+        # token -> [iovec, block (both kept alive), fd, offset, bytes written before, done, write result or None]
         self._inflight: dict[int, list] = {}
         loop.add_reader(self._efd, self._on_ready)
 
     def submit(self, fd: int, buf: bytes | bytearray, offset: int, done: Done) -> None:
+        self._submit(fd, buf, offset, 0, done)
+
+    def _submit(self, fd: int, buf: bytes | bytearray, offset: int, written: int, done: Done) -> None:
+        """The write of buf[written:] at offset + written, linked to an fdatasync."""
         u = self._u
         token = self._next
         self._next += 2
-        iov = u.iovec(buf)
-        self._inflight[token] = [iov, buf, len(buf), done, None]
+        part = memoryview(buf)[written:] if written else buf
+        iov = u.iovec(part)
+        self._inflight[token] = [iov, buf, fd, offset, written, done, None]
+        offset += written
         sqe = u.io_uring_get_sqe(self._ring)
         u.io_uring_prep_writev(sqe, fd, iov, 1, offset)
         u.io_uring_sqe_set_flags(sqe, self._link)
@@ -129,23 +137,37 @@ class UringSyncer:
             if rec is None:
                 continue
             if data & 1 == 0:  # the write
-                rec[4] = res
+                rec[6] = res
                 continue
             del self._inflight[token]
-            wres = rec[4]
-            err: OSError | None = None
-            if wres is not None and wres < 0:
-                err = OSError(-wres, f"journal write: {os.strerror(-wres)}")
-            elif wres is not None and wres != rec[2]:
-                err = OSError(errno.EIO, f"journal short write: {wres} of {rec[2]} bytes")
-            elif res < 0:
-                err = OSError(-res, f"journal fdatasync: {os.strerror(-res)}")
-            rec[3](err)
+            _, buf, fd, offset, written, done, wres = rec
+            step = completion(len(buf), written, wres, res)
+            if isinstance(step, int):
+                self._submit(fd, buf, offset, step, done)  # short write: the rest, and its sync again
+            else:
+                done(step)
 
     def close(self) -> None:
         self._loop.remove_reader(self._efd)
         self._u.io_uring_queue_exit(self._ring)
         os.close(self._efd)
+
+
+def completion(size: int, written: int, wres: int | None, sres: int) -> int | OSError | None:
+    """What the CQEs of one linked write + fdatasync mean for a block of `size` bytes of which
+    `written` were already written: an int, how many are written now (a short write: submit
+    the rest again; the kernel cancels the linked sync of a short write, so its result is
+    moot); None, durable; or the OSError to report. A write that made no progress is EIO, so
+    a device that keeps refusing cannot loop forever."""
+    if wres is not None and wres < 0:
+        return OSError(-wres, f"journal write: {os.strerror(-wres)}")
+    if wres is not None and written + wres < size:
+        if wres == 0:
+            return OSError(errno.EIO, f"journal write made no progress at byte {written} of {size}")
+        return written + wres
+    if sres < 0:
+        return OSError(-sres, f"journal fdatasync: {os.strerror(-sres)}")
+    return None
 
 
 def make_syncer(kind: str, loop: asyncio.AbstractEventLoop) -> Syncer:
