@@ -133,7 +133,7 @@ def test_torn_last_journal_block_is_discarded_never_served(make_cluster) -> None
             jdir = bookie.dir / "journal" / f"shard-{shard}"
             newest = max(jdir.glob("*.jnl"))
             with open(newest, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-                _, end, torn, _ = scan_blocks(mm, 4096)
+                _, end, torn, _, _ = scan_blocks(mm, 4096)
                 assert not torn
             batch = JournalBatch()
             forged = DigestManager(lh.ledger_id, DigestType.CRC32C, PASSWORD).encode(300, 299, 999, b"torn" * 2000)

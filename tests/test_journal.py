@@ -87,7 +87,7 @@ def test_batch_seal_scan_round_trip() -> None:
         (REC_ADD, 0, 0, b"\x00" * 10),
     ]
     block = make_block(records, seq=41)
-    got, end, torn, last_seq = scan_blocks(block, 0)
+    got, end, torn, last_seq, next_valid = scan_blocks(block, 0)
     assert got == records
     assert (end, torn, last_seq) == (len(block), False, 41)
 
@@ -128,31 +128,31 @@ def test_empty_batch_seals_to_one_aligned_block() -> None:
     """A batch with no records still seals to one valid, aligned block."""
     block = bytes(JournalBatch().seal(9))
     assert len(block) == BLOCK_ALIGN
-    assert scan_blocks(block, 0) == ([], BLOCK_ALIGN, False, 9)
+    assert scan_blocks(block, 0) == ([], BLOCK_ALIGN, False, 9, -1)
 
 
 def test_scan_many_blocks_and_from_offset() -> None:
     """scan_blocks decodes consecutive blocks in order, and starting at a block offset skips the earlier ones."""
     blocks = [make_block(recs(3, 3 * i), seq=i) for i in range(5)]
     image = b"".join(blocks)
-    got, end, torn, last_seq = scan_blocks(image, 0)
+    got, end, torn, last_seq, next_valid = scan_blocks(image, 0)
     assert got == recs(15) and (end, torn, last_seq) == (len(image), False, 4)
     off = len(blocks[0]) + len(blocks[1])
-    got, end, torn, last_seq = scan_blocks(image, off)
+    got, end, torn, last_seq, next_valid = scan_blocks(image, off)
     assert got == recs(9, 6) and (end, torn, last_seq) == (len(image), False, 4)
 
 
 def test_scan_nothing_written_is_not_torn() -> None:
     """An image with no block past offset (empty or all zeros) gives no records, torn False, last_seq -1."""
-    assert scan_blocks(b"", 0) == ([], 0, False, -1)
-    assert scan_blocks(bytes(3 * BLOCK_ALIGN), BLOCK_ALIGN) == ([], BLOCK_ALIGN, False, -1)
+    assert scan_blocks(b"", 0) == ([], 0, False, -1, -1)
+    assert scan_blocks(bytes(3 * BLOCK_ALIGN), BLOCK_ALIGN) == ([], BLOCK_ALIGN, False, -1, -1)
 
 
 def test_zero_tail_after_blocks_is_not_torn() -> None:
     """Zeros after the last block (the preallocated rest of the file) mean a clean end: torn False."""
     blocks = [make_block(recs(4, 4 * i), seq=i) for i in range(3)]
     image = b"".join(blocks) + bytes(64 * 1024)
-    got, end, torn, last_seq = scan_blocks(image, 0)
+    got, end, torn, last_seq, next_valid = scan_blocks(image, 0)
     assert got == recs(12)
     assert (end, torn, last_seq) == (sum(map(len, blocks)), False, 2)
 
@@ -169,9 +169,9 @@ def test_truncated_last_block_is_discarded_and_earlier_blocks_kept() -> None:
     last = blocks[2]
     used = BLOCK_HEADER_BYTES + sum(RECORD_HEADER + len(r[3]) for r in rs[2])
     for cut in range(1, used):
-        got, end, torn, last_seq = scan_blocks(prefix + last[:cut], 0)
+        got, end, torn, last_seq, next_valid = scan_blocks(prefix + last[:cut], 0)
         assert got == rs[0] + rs[1], cut
-        assert (end, torn, last_seq) == (len(prefix), True, 11), cut
+        assert (end, torn, last_seq, next_valid) == (len(prefix), True, 11, -1), cut
 
 
 def test_partially_written_last_block_before_zeros_is_torn() -> None:
@@ -182,20 +182,21 @@ def test_partially_written_last_block_before_zeros_is_torn() -> None:
     used = BLOCK_HEADER_BYTES + sum(RECORD_HEADER + len(r[3]) for r in rs[2])
     for cut in list(range(1, 64)) + list(range(64, used, 7)) + [used - 1]:
         image = prefix + last[:cut] + bytes(len(last) - cut + BLOCK_ALIGN)
-        got, end, torn, last_seq = scan_blocks(image, 0)
+        got, end, torn, last_seq, next_valid = scan_blocks(image, 0)
         assert got == rs[0] + rs[1], cut
-        assert (end, torn, last_seq) == (len(prefix), True, 11), cut
+        assert (end, torn, last_seq, next_valid) == (len(prefix), True, 11, -1), cut
 
 
 def test_cut_at_block_boundary_is_clean() -> None:
     """An image that ends exactly at a block boundary has nothing torn."""
     blocks, rs = _three_blocks()
     image = blocks[0] + blocks[1]
-    assert scan_blocks(image, 0) == (rs[0] + rs[1], len(image), False, 11)
+    assert scan_blocks(image, 0) == (rs[0] + rs[1], len(image), False, 11, -1)
 
 
 def test_flipped_bit_in_payload_fails_crc_and_stops_replay() -> None:
-    """A flipped bit anywhere in a block's payload fails its CRC32C: that block and all after it are not returned."""
+    """A flipped bit anywhere in a block's payload fails its CRC32C: that block and all after it are not
+    returned, and the valid block after it is reported (the caller refuses to go on: test below)."""
     blocks, rs = _three_blocks()
     image = b"".join(blocks)
     start = len(blocks[0])
@@ -204,9 +205,10 @@ def test_flipped_bit_in_payload_fails_crc_and_stops_replay() -> None:
         for bit in (0, 7):
             bad = bytearray(image)
             bad[i] ^= 1 << bit
-            got, end, torn, last_seq = scan_blocks(bytes(bad), 0)
+            got, end, torn, last_seq, next_valid = scan_blocks(bytes(bad), 0)
             assert got == rs[0], (i, bit)
             assert (end, torn, last_seq) == (start, True, 10), (i, bit)
+            assert next_valid == start + len(blocks[1]), (i, bit)  # damaged, not torn: block 2 is intact
 
 
 @pytest.mark.parametrize("field_off", [0, 3, 4, 8, 11, 12, 15, 16, 23])
@@ -215,17 +217,18 @@ def test_corrupt_header_field_discards_block(field_off: int) -> None:
     blocks, rs = _three_blocks()
     image = bytearray(b"".join(blocks))
     image[len(blocks[0]) + field_off] ^= 0x10
-    got, end, torn, last_seq = scan_blocks(bytes(image), 0)
+    got, end, torn, last_seq, next_valid = scan_blocks(bytes(image), 0)
     assert got == rs[0]
     assert (end, torn, last_seq) == (len(blocks[0]), True, 10)
+    assert next_valid == len(blocks[0]) + len(blocks[1])
 
 
 def test_block_whose_count_disagrees_with_records_is_discarded() -> None:
     """A block with a valid CRC whose record_count does not match its records is refused (bounds check)."""
     good = py_block(recs(2), seq=0)
     bad = py_block(recs(2, 2), seq=1, count=3)
-    got, end, torn, _ = scan_blocks(good + bad, 0)
-    assert got == recs(2) and end == len(good) and torn
+    got, end, torn, _, next_valid = scan_blocks(good + bad, 0)
+    assert got == recs(2) and end == len(good) and torn and next_valid == -1
 
 
 def test_block_with_record_overrunning_payload_is_discarded() -> None:
@@ -234,7 +237,7 @@ def test_block_with_record_overrunning_payload_is_discarded() -> None:
     crc = crc32c.crc32c(payload, crc32c.crc32c(struct.pack(">I", len(payload)) + struct.pack(">IQ", 1, 0)))
     block = struct.pack(">IIIIQ", BLOCK_MAGIC, len(payload), crc, 1, 0) + payload
     block += bytes(-len(block) % BLOCK_ALIGN)
-    got, end, torn, last_seq = scan_blocks(block, 0)
+    got, end, torn, last_seq, next_valid = scan_blocks(block, 0)
     assert (got, end, torn, last_seq) == ([], 0, True, -1)
 
 
@@ -677,6 +680,43 @@ def test_journal_replay_discards_torn_tail(tmp_path: Path) -> None:
     got, res = replay_all(tmp_path)
     assert got == recs(10)
     assert res.blocks_torn == 1
+
+
+def test_journal_replay_refuses_a_corrupt_block_followed_by_valid_ones(tmp_path: Path) -> None:
+    """A flipped byte in the middle of a journal file (block 2 of 4) is not a torn tail: replay
+    raises JournalCorruptError naming the file and both offsets instead of silently dropping the
+    acknowledged records of blocks 2-4; the same damage to the last block is a torn tail."""
+    from bookkeeper.bookie.journal.journal import JournalCorruptError
+
+    async def main() -> tuple[list[tuple[int, int]], int]:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink())
+        j.start()
+        starts = []
+        for b in range(4):  # one block per drain
+            starts.append(j.position())
+            for r in recs(3, 3 * b):
+                j.append(*r, item=None)
+            await j.drain()
+        j.close()
+        syncer.close()
+        return starts, j.position()[1]
+
+    starts, end = run(main)
+    fid = starts[0][0]
+    path = tmp_path / f"{fid:016x}.jnl"
+    image = path.read_bytes()
+    bad = bytearray(image)
+    bad[starts[1][1] + BLOCK_HEADER_BYTES + 30] ^= 0x01
+    path.write_bytes(bytes(bad))
+    with pytest.raises(JournalCorruptError, match=f"{path.name}.*offset {starts[1][1]}.*offset {starts[2][1]}"):
+        replay_all(tmp_path)
+    bad = bytearray(image)
+    bad[starts[3][1] + BLOCK_HEADER_BYTES + 30] ^= 0x01
+    path.write_bytes(bytes(bad))
+    got, res = replay_all(tmp_path)
+    assert got == recs(9) and res.blocks_torn == 1
 
 
 def test_journal_refuses_newer_file_format(tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ class JournalFailedError(OSError):
     """The journal device failed: nothing more can be made durable on this shard."""
 
 
+class JournalCorruptError(OSError):
+    """A journal block was damaged after it was acknowledged (a valid block follows it): replaying
+    past it would silently drop acknowledged records, so the shard refuses to start."""
+
+
 class Journal:
     """Group-commit journal of one shard (loop thread only)."""
 
@@ -185,7 +190,13 @@ class Journal:
                 if version > FILE_VERSION:
                     raise OSError(f"journal {path}: format version {version} is newer than supported")
                 start = mark_off if fid == mark_file and mark_off >= BLOCK_ALIGN else BLOCK_ALIGN
-                records, end, torn, last_seq = scan_blocks(mm, start)
+                records, end, torn, last_seq, next_valid = scan_blocks(mm, start)
+            if next_valid >= 0:
+                raise JournalCorruptError(
+                    f"journal {path}: the block at offset {end} is corrupt but a valid block follows at offset "
+                    f"{next_valid}: it was damaged after it was acknowledged (a torn write can only be a "
+                    f"file's last block). Replaying past it would lose acknowledged records, so this shard "
+                    f"does not start: docs/operations.md, 'A corrupt journal block'")
             if torn:
                 result.blocks_torn += 1
                 log.warning("journal %s: torn block at offset %d discarded (never acknowledged)", path, end)

@@ -118,34 +118,45 @@ cdef class JournalBatch:
         return memoryview(self._buf)[:total]
 
 
+cdef Py_ssize_t _block_len(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n) noexcept:
+    """The payload length of a block at pos whose magic, bounds and checksum hold, else -1."""
+    cdef uint32_t plen
+    if pos + BLOCK_HEADER > n or get_u32(p) != BLOCK_MAGIC:
+        return -1
+    plen = get_u32(p + 4)
+    if pos + BLOCK_HEADER + <Py_ssize_t>plen > n or get_u32(p + 8) != _block_crc(p, p + BLOCK_HEADER, plen):
+        return -1
+    return plen
+
+
 def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
     """Decode the valid blocks of a journal file image from offset.
 
-    Returns (records, end_offset, torn, last_seq). records are tuples
+    Returns (records, end_offset, torn, last_seq, next_valid). records are tuples
     (type, ledger_id, entry_id, data). end_offset is where the next block would
     start; torn is True when bytes past end_offset are not all zero (a block that
-    failed its magic, bounds or checksum: never served, and overwritten by the
-    next writer). last_seq is the seq of the last valid block, or -1.
+    failed its magic, bounds or checksum). last_seq is the seq of the last valid
+    block, or -1. next_valid is the offset of a valid block after the one that
+    stopped the scan, or -1: blocks are written one at a time, so a torn write can
+    only be the file's last block, and a valid block after an invalid one means the
+    invalid one was damaged after it was acknowledged (the caller must not go on).
     """
     cdef Py_ssize_t n = buf.shape[0]
     cdef Py_ssize_t pos = offset
     cdef const uint8_t* p
-    cdef uint32_t plen, count, rlen
-    cdef Py_ssize_t rpos, rend, total
+    cdef uint32_t count, rlen
+    cdef Py_ssize_t plen, rpos, rend, total
     cdef list records = []
     cdef int64_t last_seq = -1
     cdef bint torn = False
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, q
+    cdef Py_ssize_t next_valid = -1
     while pos + BLOCK_HEADER <= n:
         p = &buf[pos]
-        if get_u32(p) != BLOCK_MAGIC:
+        plen = _block_len(p, pos, n)
+        if plen < 0:
             break
-        plen = get_u32(p + 4)
         count = get_u32(p + 12)
-        if pos + BLOCK_HEADER + <Py_ssize_t>plen > n:
-            break
-        if get_u32(p + 8) != _block_crc(p, p + BLOCK_HEADER, plen):
-            break
         rpos = pos + BLOCK_HEADER
         rend = rpos + plen
         block = []
@@ -167,4 +178,11 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
         if buf[i] != 0:
             torn = True
             break
-    return records, pos, torn, last_seq
+    if torn:
+        q = pos + ALIGN
+        while q + BLOCK_HEADER <= n:
+            if _block_len(&buf[q], q, n) >= 0 and <int64_t>get_u64(&buf[q] + 16) > last_seq:
+                next_valid = q
+                break
+            q += ALIGN
+    return records, pos, torn, last_seq, next_valid
