@@ -25,7 +25,6 @@ from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCO
 import hashlib
 import hmac
 import logging
-from collections import deque
 
 import crc32c as _crc32c
 
@@ -138,7 +137,7 @@ cdef class RequestPipe:
     cdef Py_ssize_t _rcap, _rstart, _rend
     cdef uint64_t _generation
     cdef dict _pending
-    cdef dict _deadlines
+    cdef double _min_timeout
     cdef uint64_t _next_id
     cdef Py_ssize_t _max_frame
     cdef object _error_for
@@ -159,7 +158,7 @@ cdef class RequestPipe:
         self._rcap = self._rstart = self._rend = 0
         self._generation = 0
         self._pending = {}
-        self._deadlines = {}
+        self._min_timeout = 1e300
         self._next_id = 1
         self._max_frame = max_frame
         self._error_for = error_for
@@ -191,12 +190,10 @@ cdef class RequestPipe:
                     PyBytes_AS_STRING(key), aux, PyBytes_AS_STRING(payload), plen)
         cdef timespec now
         clock_gettime(CLOCK_MONOTONIC, &now)
-        cdef double deadline = now.tv_sec + now.tv_nsec * 1e-9 + timeout_s
-        self._pending[rid] = (callback, ctx, deadline, borrow)
-        queue = self._deadlines.get(timeout_s)
-        if queue is None:
-            queue = self._deadlines[timeout_s] = deque()
-        queue.append((deadline, rid))
+        cdef double sent = now.tv_sec + now.tv_nsec * 1e-9
+        self._pending[rid] = (callback, ctx, sent + timeout_s, borrow, sent)
+        if timeout_s < self._min_timeout:
+            self._min_timeout = timeout_s
         if not self.connected:
             return True
         if old == 0:
@@ -288,7 +285,7 @@ cdef class RequestPipe:
             entry = self._pending.pop(rid, None)
             if entry is None:
                 continue  # timed out earlier, or failed with the connection
-            callback, ctx, _, borrow = <tuple>entry
+            callback, ctx, _, borrow, _ = <tuple>entry
             view = None
             if borrow and flen > RESP_HEADER:
                 view = PyMemoryView_FromMemory(<char*>(p + RESP_HEADER), flen - RESP_HEADER, PyBUF_READ)
@@ -313,29 +310,29 @@ cdef class RequestPipe:
     def expire(self, double now, error) -> None:
         """Fail the requests whose deadline passed with error(), a fresh BKError each.
 
-        Costs the requests expired or answered since the last call, not every pending one:
-        deadlines are kept in one FIFO per timeout value, where send order is deadline order.
+        Looks at the oldest pending requests only: the pending dict is in send order, and no
+        request sent after one with sent + min_timeout > now can be due yet, so a sweep stops
+        there (usually at the first request) instead of visiting every pending one.
         """
-        cdef double deadline
-        for queue in list(self._deadlines.values()):
-            while queue:
-                deadline, rid = queue[0]
-                if rid not in self._pending:
-                    queue.popleft()  # answered: its deadline no longer matters
-                elif deadline < now:
-                    queue.popleft()
-                    callback, ctx, _, _ = self._pending.pop(rid)
-                    callback(ctx, None, error())
-                else:
-                    break  # the rest of this queue was sent later with the same timeout
+        cdef list late = []
+        cdef tuple entry
+        for rid, value in self._pending.items():
+            entry = <tuple>value
+            if <double>entry[4] + self._min_timeout > now:
+                break
+            if <double>entry[2] < now:
+                late.append(rid)
+        for rid in late:
+            value = self._pending.pop(rid, None)
+            if value is not None:
+                (<tuple>value)[0]((<tuple>value)[1], None, error())
 
     def fail_all(self, err) -> None:
         """Fail every outstanding request with err (the connection is gone)."""
         pending, self._pending = self._pending, {}
-        self._deadlines = {}
         self._rstart = self._rend = 0
         self._generation += 1
-        for callback, ctx, _, _ in pending.values():
+        for callback, ctx, _, _, _ in pending.values():
             callback(ctx, None, err)
 
 
