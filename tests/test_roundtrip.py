@@ -269,6 +269,28 @@ def test_bookie_registrations_are_read_again_only_after_a_watch_says_they_change
     run(main())
 
 
+def test_tailing_a_ledger_that_is_deleted_ends_with_no_such_ledger(cluster5) -> None:
+    """A tailer at the head of an open ledger whose metadata is deleted raises NoSuchLedgerError
+    (it used to retry the vanished ledger with back-off forever)."""
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster5.metadata_uri, long_poll_timeout_ms=200) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            await lh.add_entries([b"a", b"b"])
+            rh = await bk.open_ledger(lh.ledger_id, recovery=False)
+            got: list[bytes] = []
+
+            async def tail() -> None:
+                async for entry in rh.tail(0):
+                    got.append(entry.data)
+            tailer = asyncio.create_task(tail())
+            while len(got) < 2:
+                await asyncio.sleep(0.01)
+            await bk.delete_ledger(lh.ledger_id)
+            with pytest.raises(errors.NoSuchLedgerError, match="deleted while being tailed"):
+                await asyncio.wait_for(tailer, 30)
+    run(main())
+
+
 def test_blocking_client_twin(cluster5) -> None:
     """bookkeeper.sync has the same names without await; add_entry_async returns a concurrent Future."""
     import concurrent.futures

@@ -435,6 +435,33 @@ def test_delete_stream_removes_its_ledgers_and_nodes(cluster) -> None:
     run(main())
 
 
+def test_a_following_reader_of_a_deleted_stream_ends_with_stream_not_found(cluster) -> None:
+    """A reader tailing the open segment of a stream that is deleted under its writer ends with
+    StreamNotFoundError instead of retrying the deleted ledger forever."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("vanishing")
+            w = await ns.open_writer("vanishing")
+            await w.write_batch([b"a", b"b"])
+            got: list[bytes] = []
+
+            async def follow() -> None:
+                async with await ns.open_reader("vanishing", follow=True) as r:
+                    async for rec in r:
+                        got.append(rec.data)
+            reader = asyncio.create_task(follow())
+            while len(got) < 2:
+                await asyncio.sleep(0.01)
+            await ns.delete_stream("vanishing")  # its open segment too: the writer never closed it
+            with pytest.raises(errors.StreamNotFoundError):
+                await asyncio.wait_for(reader, 30)
+            try:
+                await w.close()
+            except errors.BKError:
+                pass  # its stream is gone: how the writer learns it is not what this test is about
+    run(main())
+
+
 def test_blocking_twin_writes_and_reads(cluster) -> None:
     """bookkeeper.sync.Namespace: the same calls without await; readers are plain iterators."""
     with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, "sync") as ns:

@@ -216,7 +216,8 @@ class ReadHandle:
 
     # -- tailing -----------------------------------------------------------
     async def tail(self, start: int = 0) -> AsyncIterator[LedgerEntry]:
-        """Entries from start on as they are acknowledged, until the ledger is closed.
+        """Entries from start on as they are acknowledged, until the ledger is closed
+        (NoSuchLedgerError if it is deleted meanwhile; every other error is retried).
 
         At the head, a long-poll read waits on a bookie of the next entry's write set
         until that bookie's LAC covers the entry (no busy polling); metadata is read only
@@ -250,6 +251,9 @@ class ReadHandle:
                 pause_s = min(1.0, pause_s * 2 or 0.05)
                 try:
                     await self._refresh()
+                except NoSuchLedgerError:  # its metadata is gone: deleted, nothing more will come
+                    raise NoSuchLedgerError(f"ledger {self.ledger_id} was deleted while being tailed "
+                                            f"(at entry {nxt})") from e
                 except BKError:
                     pass
                 continue
