@@ -86,6 +86,7 @@ class BookieConfig:
     journal_max_batch_entries: int = 65536
     journal_preallocate_bytes: int = 64 * 1024 * 1024
     journal_file_max_bytes: int = 512 * 1024 * 1024
+    journal_reuse_files: int = 4
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     write_cache_max_bytes: int = 64 * 1024 * 1024
     checkpoint_interval_s: float = 10.0
@@ -140,6 +141,9 @@ class BookieConfig:
             raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.journal_max_batch_bytes < 4096:
             raise ConfigError("journal_max_batch_bytes must be >= 4096")
+        if self.journal_reuse_files < 0:
+            raise ConfigError(f"journal_reuse_files must be >= 0 (0: delete trimmed files), got "
+                              f"{self.journal_reuse_files}")
         if self.journal_max_batch_entries < 1:
             raise ConfigError(f"journal_max_batch_entries must be >= 1, got {self.journal_max_batch_entries}")
         if self.entry_log_max_bytes < 64 * 1024:

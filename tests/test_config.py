@@ -255,6 +255,7 @@ def test_apache_names_of_space_disk_and_recovery_keys(tmp_path: Path) -> None:
     ("ledger_dirs = []", "ledger_dirs"),
     ("max_frame_bytes = 100", "max_frame_bytes"),
     ("journal_max_batch_bytes = 10", "journal_max_batch_bytes"),
+    ("journal_reuse_files = -1", "journal_reuse_files"),
     ('checkpoint_interval_s = "soon"', "checkpoint_interval_s"),
     ('readonly = "maybe"', "readonly"),
     ('shard_ports = ["a", "b"]', "shard_ports"),

@@ -1105,3 +1105,215 @@ def test_journal_files_are_zero_filled_and_the_spare_is_prepared(tmp_path: Path)
     run(main)
     got, res = replay_all(tmp_path)
     assert [r[2] for r in got] == list(range(40)) and res.blocks_torn == 0
+
+
+# -- reused files (format 2: seq = generation << 32 | n) --------------------------------------
+
+
+def gen_seq(file_id: int, n: int) -> int:
+    return (file_id & 0xFFFFFFFF) << 32 | n
+
+
+def test_scan_with_generation_stops_at_another_generations_block_as_a_clean_end() -> None:
+    """A valid block of an earlier use (another generation) right after this use's blocks ends the
+    scan cleanly: not torn, nothing of it replayed; format 1 (generation -1) would replay it."""
+    mine = make_block(recs(3), gen_seq(7, 0)) + make_block(recs(2, 3), gen_seq(7, 1))
+    stale = make_block(recs(4, 100), gen_seq(3, 2)) + make_block(recs(4, 104), gen_seq(3, 3))
+    got, end, torn, last_seq, next_valid = scan_blocks(mine + stale, 0, 7)
+    assert (got, end, torn, last_seq, next_valid) == (recs(5), len(mine), False, gen_seq(7, 1), -1)
+    assert scan_blocks(mine + stale, 0)[0] == recs(5) + recs(8, 100)
+
+
+def test_scan_with_generation_requires_consecutive_blocks() -> None:
+    """Blocks of one file carry n = 0, 1, 2, ...: a valid block of this generation whose n skips
+    ends the scan (it cannot be this use's next block)."""
+    image = make_block(recs(1), gen_seq(9, 0)) + make_block(recs(1, 1), gen_seq(9, 2))
+    got, end, torn, last_seq, _ = scan_blocks(image, 0, 9)
+    assert got == recs(1) and end == BLOCK_ALIGN and torn and last_seq == gen_seq(9, 0)
+
+
+def test_scan_with_generation_in_the_middle_of_an_earlier_block_is_torn_and_finds_no_later_block() -> None:
+    """This use's tail lands inside an earlier use's (bigger) block: the bytes there are not a
+    block (torn), and the earlier use's later blocks are not this file's (next_valid -1)."""
+    mine = make_block(recs(1), gen_seq(5, 0))
+    big_stale = make_block([(REC_ADD, 1, 0, b"x" * 9000)], gen_seq(4, 0))  # 3 x 4 KiB
+    image = big_stale + make_block(recs(2, 50), gen_seq(4, 1))
+    image = mine + image[len(mine):]
+    got, end, torn, last_seq, next_valid = scan_blocks(image, 0, 5)
+    assert got == recs(1) and end == BLOCK_ALIGN and torn and next_valid == -1
+
+
+def test_scan_with_generation_still_finds_a_corrupt_block_in_the_middle() -> None:
+    """A damaged block of this use followed by a valid block of this use is reported (next_valid)
+    even in a reused file whose later bytes hold an earlier use's blocks."""
+    blocks = [make_block(recs(2, 2 * i), gen_seq(6, i)) for i in range(3)]
+    bad = bytearray(blocks[1])
+    bad[BLOCK_HEADER_BYTES + 5] ^= 0x40
+    image = blocks[0] + bytes(bad) + blocks[2] + make_block(recs(1, 90), gen_seq(2, 7))
+    got, end, torn, last_seq, next_valid = scan_blocks(image, 0, 6)
+    assert got == recs(2) and end == BLOCK_ALIGN and torn and next_valid == 2 * BLOCK_ALIGN
+
+
+def _write_files(tmp_path: Path, per_file: list[list[tuple]], *, reuse_files: int, trim_each: bool) -> Journal:
+    """Write each list of records as one file, a block per record (a roll between lists); trim everything before the
+    new file after each roll if trim_each. Returns the closed journal (its stats and ids stay)."""
+
+    async def main() -> Journal:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ThreadSyncer(loop), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=256 << 10, reuse_files=reuse_files)
+        j.replay((0, 0), lambda _: None)
+        j.start()
+        for i, rs in enumerate(per_file):
+            if i:
+                j._open_new_file()
+                if trim_each:
+                    j.trim(j.file_id)
+            for r in rs:  # one block per record
+                j.append(*r, item=r[2])
+                await j.drain()
+        j.close()
+        syncer.close()
+        return j
+
+    return run(main)
+
+
+def test_trimmed_files_are_reused_and_replay_ignores_their_earlier_blocks(tmp_path: Path) -> None:
+    """Files before the mark go to the pool; the next roll overwrites one from the start (no
+    zero-fill, no spare made while the pool has files), and replay of the reused file yields
+    only this use's records, though the earlier use's many blocks follow its tail."""
+    from bookkeeper.bookie.journal.journal import FLAG_REUSED, POOL_GLOB
+
+    big = [(REC_ADD, 1, i, bytes([i % 200 + 1]) * 5000) for i in range(30)]  # 30 blocks of 8 KiB
+    last = [(REC_ADD, 1, 600, b"q" * 5000)]  # one 8 KiB block: an earlier block starts right after it
+    j = _write_files(tmp_path, [big, recs(3, 500), last], reuse_files=4, trim_each=True)
+    # file 1 (big) was trimmed at the roll to file 2 and reused as file 3
+    assert j.stats["reused_rolls"] == 1 and j.file_ids() == [3]
+    assert list(tmp_path.glob(POOL_GLOB)) == [tmp_path / f"reuse-{2:016x}.jnl.tmp"]
+    image = (tmp_path / f"{3:016x}.jnl").read_bytes()
+    assert struct.unpack_from(">4sIQI", image) == (b"BKJF", FILE_VERSION, 3, FLAG_REUSED)
+    assert scan_blocks(image, BLOCK_ALIGN, 3)[:3] == (last, 3 * BLOCK_ALIGN, False)
+    assert scan_blocks(image, BLOCK_ALIGN, -1)[0] == last + big[1:]  # read as format 1: stale records
+    got, res = replay_all(tmp_path)
+    assert got == last and res.blocks_torn == 0 and res.reused_ends == 0
+
+
+def test_reused_file_replay_across_restarts_keeps_every_acknowledged_record(tmp_path: Path) -> None:
+    """Sessions that trim and reuse files, then a replay from each session's mark: exactly the
+    records written after the mark, whatever the earlier uses left in the files."""
+    sessions = [[(REC_ADD, 2, 100 * s + i, bytes([s + 1]) * (300 * (i % 7) + 20)) for i in range(40)]
+                for s in range(6)]
+    marks = []
+
+    async def session(rs: list[tuple]) -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=48 << 10, reuse_files=2)
+        j.replay(marks[-1] if marks else (0, 0), lambda _: None)
+        j.start()
+        if marks:
+            j.trim(marks[-1][0])  # the previous session's records are checkpointed
+        marks.append(j.position())
+        for r in rs:
+            j.append(*r, item=None)
+            if r[2] % 3 == 0:
+                await j.drain()
+        await j.drain()
+        j.close()
+        syncer.close()
+        assert j.stats["reused_rolls"] >= (1 if len(marks) > 2 else 0)
+
+    for rs in sessions:
+        uvloop.run(session(rs))
+    assert replay_all(tmp_path, marks[-1])[0] == sessions[-1]
+
+
+def test_reuse_disabled_deletes_trimmed_files(tmp_path: Path) -> None:
+    """journal_reuse_files 0: trim deletes, nothing is pooled, every roll makes a new file."""
+    from bookkeeper.bookie.journal.journal import POOL_GLOB
+
+    j = _write_files(tmp_path, [recs(2), recs(2, 2), recs(2, 4)], reuse_files=0, trim_each=True)
+    assert j.stats["reused_rolls"] == 0 and not list(tmp_path.glob(POOL_GLOB)) and j.file_ids() == [3]
+
+
+def test_pool_is_bounded_and_format_1_files_are_never_reused(tmp_path: Path) -> None:
+    """trim pools at most reuse_files files (the rest are deleted), and deletes a format 1 file
+    (one seq counter across files: its blocks carry no generation to tell them from new ones)."""
+    from bookkeeper.bookie.journal.journal import POOL_GLOB
+
+    v1 = tmp_path / f"{1:016x}.jnl"
+    v1.write_bytes(struct.pack(">4sIQ", b"BKJF", 1, 1).ljust(BLOCK_ALIGN, b"\0") + py_block(recs(2), 0))
+    assert replay_all(tmp_path)[0] == recs(2)  # format 1 is still read
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), reuse_files=2)
+        j.replay((0, 0), lambda _: None)
+        j.start()
+        for _ in range(4):
+            j._open_new_file()
+        assert j.file_ids() == [1, 2, 3, 4, 5, 6]
+        assert j.trim(j.file_id) == 5
+        assert sorted(p.name for p in tmp_path.glob(POOL_GLOB)) == [f"reuse-{2:016x}.jnl.tmp",
+                                                                   f"reuse-{3:016x}.jnl.tmp"]
+        j.close()
+        # The next start takes a pooled file; one is left for the roll after: no zero-fill is begun.
+        k = new_journal(tmp_path, syncer, loop, Sink(), reuse_files=2)
+        k.replay((6, 0), lambda _: None)
+        k.start()
+        assert k.file_id == 7 and k.stats["reused_rolls"] == 1 and len(k.pool()) == 1 and k._spare is None
+        k.close()
+        syncer.close()
+
+    run(main)
+
+
+def test_a_reuse_cut_off_before_its_header_was_rewritten_is_skipped(tmp_path: Path) -> None:
+    """A crash between renaming a pooled file to its new id and writing its header leaves a file
+    whose header names its old id: replay skips it whole (none of its blocks is this use's)."""
+    j = _write_files(tmp_path, [recs(5), recs(2, 5)], reuse_files=4, trim_each=True)
+    pooled = tmp_path / f"reuse-{1:016x}.jnl.tmp"
+    assert pooled.exists()
+    os.rename(pooled, tmp_path / f"{j.file_id + 1:016x}.jnl")
+    got, res = replay_all(tmp_path, (j.file_id, 0))
+    assert got == recs(2, 5) and res.files == 1
+
+
+def test_corrupt_block_in_a_reused_file_is_refused(tmp_path: Path) -> None:
+    """The corrupt-block check holds in a reused file: a flipped byte in this use's second block,
+    with a third after it, refuses replay though an earlier use's blocks follow."""
+    from bookkeeper.bookie.journal.journal import JournalCorruptError
+
+    big = [(REC_ADD, 1, i, b"z" * 5000) for i in range(20)]
+
+    async def main() -> list[tuple[int, int]]:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=256 << 10, reuse_files=1)
+        j.start()
+        for r in big:
+            j.append(*r, item=None)
+            await j.drain()
+        j._open_new_file()
+        j.trim(j.file_id)
+        j._open_new_file()  # reuses file 1 as file 3
+        assert j.stats["reused_rolls"] == 1
+        starts = []
+        for b in range(3):
+            starts.append(j.position())
+            for r in recs(2, 2 * b):
+                j.append(*r, item=None)
+            await j.drain()
+        j.close()
+        syncer.close()
+        return starts
+
+    starts = run(main)
+    path = tmp_path / f"{starts[0][0]:016x}.jnl"
+    image = bytearray(path.read_bytes())
+    image[starts[1][1] + BLOCK_HEADER_BYTES + 3] ^= 0x10
+    path.write_bytes(bytes(image))
+    with pytest.raises(JournalCorruptError, match=f"offset {starts[1][1]}"):
+        replay_all(tmp_path, (starts[0][0], 0))

@@ -3,7 +3,9 @@
 Closed loop: `window` records outstanding; each durable callback records the record's
 latency (append -> durable) and appends the next. Beside each size, the write+fdatasync
 ceiling of this machine at the journal's own mean block size is measured in the same
-run, so the figure is printed as a ratio to what the device allows.
+run, so the figure is printed as a ratio to what the device allows. Every roll trims the
+files before the new one, as a shard's checkpoint does when it keeps up, so with
+`reuse_files` > 0 rolls overwrite trimmed files and with 0 they take new zero-filled ones.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ SIZES = (100, 1024, 65536)
 
 
 def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_uring",
-                  window: int = 1000) -> BenchResult:
+                  window: int = 1000, reuse_files: int = 4) -> BenchResult:
     """Entries/s of one journal for entries of `size` bytes, `window` records offered at a time
     (appended as the batch's bounds allow, as a shard's backpressure would)."""
     work = tempfile.mkdtemp(prefix="bench-journal-", dir=directory)
@@ -55,6 +57,9 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
             for t in items:
                 counts[int((now - t) * 1e6)] += 1
             done_count += len(items)
+            if journal.file_id != file_ids[-1]:  # rolled: the checkpoint keeps up
+                file_ids.append(journal.file_id)
+                journal.trim(journal.file_id)
             if now < t_end:
                 offer(len(items))
             elif journal._inflight_items is None and not journal._batch.count and not finished.done():
@@ -64,8 +69,10 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
             if not finished.done():
                 finished.set_exception(err)
 
-        journal = Journal(work, syncer=syncer, loop=loop, on_durable=on_durable, on_failed=on_failed)
+        journal = Journal(work, syncer=syncer, loop=loop, on_durable=on_durable, on_failed=on_failed,
+                          reuse_files=reuse_files)
         journal.start()
+        file_ids = [journal.file_id]
         t0 = time.perf_counter()
         # Two groups of records, the second offered once the first is in flight: from then on
         # one group fills the next block while the other's sync runs, as under steady traffic
@@ -92,9 +99,11 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
         "entries_per_fsync": round(n / blocks, 1), "mean_block_bytes": mean_block,
         "ceiling_fsyncs_per_s_at_block": round(ceiling.ops_per_s, 1),
         "fsync_ratio_to_ceiling": round(fsyncs / ceiling.ops_per_s, 3) if ceiling.ops_per_s else None,
+        "reuse_files": reuse_files, "rolls_reused": stats["reused_rolls"], "rolls_unfilled": stats["unfilled_rolls"],
     })
 
 
 def run_journal(directory: str, seconds: float, *, sync: str, sizes: tuple[int, ...] = SIZES,
-                window: int = 1000) -> list[BenchResult]:
-    return [journal_bench(directory, s, seconds / len(sizes) * 0.7, sync=sync, window=window) for s in sizes]
+                window: int = 1000, reuse_files: int = 4) -> list[BenchResult]:
+    return [journal_bench(directory, s, seconds / len(sizes) * 0.7, sync=sync, window=window,
+                          reuse_files=reuse_files) for s in sizes]

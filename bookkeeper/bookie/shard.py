@@ -81,7 +81,8 @@ class Shard:
                                batch_bytes_max=cfg.journal_max_batch_bytes,
                                batch_entries_max=cfg.journal_max_batch_entries,
                                preallocate_bytes=cfg.journal_preallocate_bytes,
-                               file_max_bytes=cfg.journal_file_max_bytes)
+                               file_max_bytes=cfg.journal_file_max_bytes,
+                               reuse_files=cfg.journal_reuse_files)
         self.server.journal = self.journal
         self.journal.observe_batch = self._observe_batch
         self._checkpointing: asyncio.Task[None] | None = None

@@ -463,7 +463,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 results = run_limits(str(work), args.seconds)
             elif args.bench == "journal":
                 results = run_journal(str(work), args.seconds, sync=args.sync, sizes=sizes or SIZES,
-                                      window=window)
+                                      window=window, reuse_files=args.journal_reuse_files)
             elif args.bench == "bookie" and args.in_shard:
                 from bookkeeper.bench.shard import in_shard_bench
                 results = [in_shard_bench(str(work), shards=s, size=(sizes or (100,))[0], seconds=args.seconds / 2,
@@ -639,6 +639,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(client), a callback per add (callback) or add_entries_async batches (batch)")
     s.add_argument("--in-shard", action="store_true",
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
+    s.add_argument("--journal-reuse-files", type=int, default=4,
+                   help="journal: trimmed files kept for reuse (every roll trims, as a checkpoint that keeps "
+                        "up); 0: every roll takes a new zero-filled file")
     s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
     s.add_argument("--batch", type=int, default=1000, help="stream: records per write_batch")
     s.add_argument("--scale", type=float, default=1.0, help="spark: multiplies the ledgers' entry counts")

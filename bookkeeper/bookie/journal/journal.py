@@ -8,12 +8,21 @@ flushed as soon as the previous sync returns (policy.py). Blocks are written in
 order, strictly one at a time, so a torn block can only be the last one of the
 last file, and replay stops there (record encoding: ext/bookkeeper/_ext/journal.pyx).
 
-File: `<file_id:016x>.jnl`, zero-filled to journal_preallocate_bytes in advance (a
-spare is prepared in the background); a 4096-byte header
-('BKJF' | u32 version | u64 file_id, zero padded), then aligned blocks.
-Version history: 1 - this layout. A new file is started on every start (never
+File: `<file_id:016x>.jnl`, a 4096-byte header ('BKJF' | u32 version | u64 file_id |
+u32 flags, zero padded), then aligned blocks. A new file is started on every start (never
 append after a possibly torn tail) and when the next block does not fit the file.
-Files wholly before the checkpoint mark are deleted by `trim`.
+
+Each byte is written once: files wholly before the checkpoint mark are not deleted by
+`trim` but kept in a pool (`reuse-<old id>.jnl.tmp`, up to journal_reuse_files) and the
+next roll renames one to the new id and overwrites it from the start: no zero-fill, no
+unwritten extents. Its old blocks stay after the new tail; each block's seq carries the
+file's generation (journal.pyx), so replay stops at them. Only with an empty pool is a
+new file made: zero-filled in advance by a background thread (a spare), or fallocate'd
+when rolls outpace the filler.
+
+Version history: 1 - header without flags, seq one counter across files (still read; never
+reused). 2 - seq = generation << 32 | n; flags bit 0: reused (bytes after the last block
+may be an earlier use's).
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
+from bookkeeper._ext.journal import BLOCK_ALIGN, BLOCK_HEADER_BYTES, JournalBatch, scan_blocks
 from bookkeeper.bookie.files import fsync_dir, zero_fill
 from bookkeeper.bookie.journal.policy import flush_reason
 from bookkeeper.bookie.journal.syncer import Syncer
@@ -37,9 +46,12 @@ from bookkeeper.bookie.journal.syncer import Syncer
 log = logging.getLogger(__name__)
 
 SPARE_FILE = "spare.jnl.tmp"  # the next file, being zero-filled; not a journal until renamed
+POOL_GLOB = "reuse-*.jnl.tmp"  # trimmed files kept for reuse; not journals until renamed
 FILE_MAGIC = b"BKJF"
-FILE_VERSION = 1
+FILE_VERSION = 2
+FLAG_REUSED = 1
 _FILE_HEADER = struct.Struct(">4sIQ")
+_FILE_FLAGS = struct.Struct(">I")  # right after _FILE_HEADER, from version 2
 
 Record = tuple[int, int, int, bytes]
 
@@ -49,6 +61,7 @@ class ReplayResult:
     files: int = 0
     records: int = 0
     blocks_torn: int = 0
+    reused_ends: int = 0  # reused files whose blocks end where an earlier use's bytes begin
     last_file_id: int = 0
 
 
@@ -69,7 +82,8 @@ class Journal:
                  on_durable: Callable[[list[Any]], None],
                  on_failed: Callable[[list[Any], OSError], None],
                  group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20, batch_entries_max: int = 65536,
-                 preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20) -> None:
+                 preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
+                 reuse_files: int = 4) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.syncer = syncer
@@ -81,13 +95,14 @@ class Journal:
         self.batch_entries_max = batch_entries_max
         self.preallocate_bytes = preallocate_bytes
         self.file_max_bytes = file_max_bytes
+        self.reuse_files = reuse_files
         self.file_id = 0
         self._fd = -1
         self._pos = 0
         self._allocated = 0
         self._filler: concurrent.futures.ThreadPoolExecutor | None = None
         self._spare: concurrent.futures.Future[None] | None = None
-        self._seq = 0
+        self._blocks_in_file = 0  # n of the next block's seq
         self._batch = JournalBatch()
         self._batch_items: list[Any] = []
         self._batch_started = 0.0
@@ -99,7 +114,7 @@ class Journal:
         self._closed = False
         self._failed: OSError | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0}
+        self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0, "reused_rolls": 0}
         # Called with (records, bytes, seconds) once per block made durable: the shard's metrics.
         self.observe_batch: Callable[[int, int, float], None] | None = None
         self._inflight_started = 0.0
@@ -112,23 +127,33 @@ class Journal:
     def file_ids(self) -> list[int]:
         return sorted(int(p.stem, 16) for p in self.dir.glob("*.jnl"))
 
-    def _open_new_file(self) -> None:
-        """Start the next journal file: the zero-filled spare if one is ready, else fill one now.
+    def pool(self) -> list[Path]:
+        """Trimmed files kept for reuse, oldest first."""
+        return sorted(self.dir.glob(POOL_GLOB))
 
-        Why zero-filled, not fallocate'd: fallocate leaves unwritten extents, and every
-        fdatasync into them must also commit the extent conversion; measured on this kind of
-        machine, writes into zeroed blocks sync 1.6-5x faster. The next spare is filled by a
-        background thread while this file is in use, so a roll is a rename. If rolls outpace
-        the filler, the new file is fallocate'd instead: slower syncs for one file, never a
-        stall of the shard behind the filler.
+    def _open_new_file(self) -> None:
+        """Start the next journal file: a trimmed one from the pool, else the zero-filled spare
+        if one is ready, else fill one now.
+
+        Why never a plain new file: fallocate leaves unwritten extents, and every fdatasync
+        into them must also commit the extent conversion; measured on this kind of machine,
+        writes into written blocks sync 1.6-5x faster. A reused file is written already and
+        costs nothing more. Without one, the next spare is zero-filled by a background thread
+        while this file is in use (so a roll is a rename); if rolls outpace the filler, the new
+        file is fallocate'd instead: slower syncs for one file, never a stall of the shard.
         """
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self.file_id = max(self.file_ids(), default=self.file_id) + 1
         path = self._path(self.file_id)
-        spare, ready = self._spare, False
-        if spare is not None and spare.done():
+        spare, ready, flags = self._spare, False, 0
+        pool = self.pool()
+        if pool:
+            os.rename(pool[0], path)
+            ready, flags = True, FLAG_REUSED
+            self.stats["reused_rolls"] += 1
+        elif spare is not None and spare.done():
             self._spare = None
             if spare.exception() is None:
                 os.rename(self.dir / SPARE_FILE, path)
@@ -148,16 +173,18 @@ class Journal:
         elif not ready:
             zero_fill(path, self.preallocate_bytes)
         fd = os.open(path, os.O_RDWR)
-        header = _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id).ljust(BLOCK_ALIGN, b"\0")
+        header = (_FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id)
+                  + _FILE_FLAGS.pack(flags)).ljust(BLOCK_ALIGN, b"\0")
         os.pwrite(fd, header, 0)
         os.fdatasync(fd)
         fsync_dir(self.dir)
         self._fd = fd
         self._pos = BLOCK_ALIGN
+        self._blocks_in_file = 0
         self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
-        if self._filler is None:
-            self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
-        if self._spare is None:
+        if self._spare is None and not self.pool():  # the next roll has nothing written to take
+            if self._filler is None:
+                self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
             self._spare = self._filler.submit(zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
 
     def start(self) -> None:
@@ -189,18 +216,25 @@ class Journal:
                     continue
                 if version > FILE_VERSION:
                     raise OSError(f"journal {path}: format version {version} is newer than supported")
+                flags = _FILE_FLAGS.unpack_from(mm, _FILE_HEADER.size)[0] if version >= 2 else 0
                 start = mark_off if fid == mark_file and mark_off >= BLOCK_ALIGN else BLOCK_ALIGN
-                records, end, torn, last_seq, next_valid = scan_blocks(mm, start)
+                records, end, torn, _, next_valid = scan_blocks(
+                    mm, start, _generation(fid) if version >= 2 else -1)
             if next_valid >= 0:
                 raise JournalCorruptError(
                     f"journal {path}: the block at offset {end} is corrupt but a valid block follows at offset "
                     f"{next_valid}: it was damaged after it was acknowledged (a torn write can only be a "
                     f"file's last block). Replaying past it would lose acknowledged records, so this shard "
                     f"does not start: docs/operations.md, 'A corrupt journal block'")
-            if torn:
+            if torn and flags & FLAG_REUSED:
+                # A torn last write and the middle of an earlier use's block look alike here;
+                # neither was ever acknowledged.
+                result.reused_ends += 1
+                log.info("journal %s: blocks end at offset %d (after it: an earlier use's bytes or a torn "
+                         "block; never acknowledged)", path, end)
+            elif torn:
                 result.blocks_torn += 1
                 log.warning("journal %s: torn block at offset %d discarded (never acknowledged)", path, end)
-            self._seq = max(self._seq, last_seq + 1)
             if records:
                 apply(records)
             result.files += 1
@@ -209,11 +243,18 @@ class Journal:
         return result
 
     def trim(self, mark_file_id: int) -> int:
-        """Delete journal files wholly before the checkpoint mark; returns how many."""
+        """Retire journal files wholly before the checkpoint mark into the reuse pool (while it
+        has room, format 2 only), else delete them; returns how many were retired."""
         removed = 0
+        pooled = len(self.pool())
         for fid in self.file_ids():
             if fid < mark_file_id and fid != self.file_id:
-                self._path(fid).unlink(missing_ok=True)
+                path = self._path(fid)
+                if pooled < self.reuse_files and _file_version(path) >= 2:
+                    os.rename(path, self.dir / f"reuse-{fid:016x}.jnl.tmp")
+                    pooled += 1
+                else:
+                    path.unlink(missing_ok=True)
                 removed += 1
         return removed
 
@@ -278,14 +319,14 @@ class Journal:
         batch, items = self._batch, self._batch_items
         self._batch, self._batch_items = JournalBatch(self._free_buffer), []
         self._free_buffer = None
-        block = batch.seal(self._seq)
-        self._seq += 1
-        if self._pos + len(block) > self._allocated and self._pos > BLOCK_ALIGN:
+        size = -(-(BLOCK_HEADER_BYTES + batch.nbytes) // BLOCK_ALIGN) * BLOCK_ALIGN
+        if self._pos + size > self._allocated and self._pos > BLOCK_ALIGN:
             try:
                 self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
             except OSError as e:  # e.g. ENOSPC: this batch can never be durable; neither can later ones
                 self._fail(e, items)
                 return
+        block = batch.seal(_generation(self.file_id) << 32 | self._blocks_in_file)  # the file it goes to
         if self._pos + len(block) > self._allocated:  # a block larger than a whole file
             try:
                 os.posix_fallocate(self._fd, self._allocated, self._pos + len(block) - self._allocated)
@@ -294,6 +335,7 @@ class Journal:
             self._allocated = self._pos + len(block)
         offset = self._pos
         self._pos += len(block)
+        self._blocks_in_file += 1
         self._inflight_items = items
         self._inflight_batch = batch
         self.stats["blocks"] += 1
@@ -367,3 +409,19 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _generation(file_id: int) -> int:
+    """The generation a file's blocks carry in their seq: the low 32 bits of its id (ids only grow,
+    so an earlier use of a reused file has another one unless 2**32 files were made between)."""
+    return file_id & 0xFFFFFFFF
+
+
+def _file_version(path: Path) -> int:
+    """The format version in a journal file's header, 0 if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            magic, version, _ = _FILE_HEADER.unpack(f.read(_FILE_HEADER.size))
+    except (OSError, struct.error):
+        return 0
+    return version if magic == FILE_MAGIC else 0

@@ -16,6 +16,11 @@ Block (big-endian), padded with zeros to a multiple of BLOCK_ALIGN:
   crc32c covers bytes [4:8] and [12:24] of the header, then the payload.
 Record inside a payload:
   u32 record_len (bytes after this field) | u8 type | u64 ledger_id | i64 entry_id | data
+
+seq (file format 2): generation << 32 | n, where the generation is the low 32 bits of the
+file's id and n counts the file's blocks from 0. Journal files are reused (overwritten
+from the start, never zeroed), so the bytes after a file's last block may be valid blocks
+of its previous use: they carry another generation, and replay stops at them.
 """
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
@@ -129,17 +134,24 @@ cdef Py_ssize_t _block_len(const uint8_t* p, Py_ssize_t pos, Py_ssize_t n) noexc
     return plen
 
 
-def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
+def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset, int64_t generation=-1):
     """Decode the valid blocks of a journal file image from offset.
+
+    generation: the file's generation (format 2), or -1 (format 1: any seq). With a
+    generation, a block belongs to the file only if its seq carries that generation and
+    its n follows the previous block's: a block of an earlier use of a reused file ends
+    the scan like a zero tail.
 
     Returns (records, end_offset, torn, last_seq, next_valid). records are tuples
     (type, ledger_id, entry_id, data). end_offset is where the next block would
-    start; torn is True when bytes past end_offset are not all zero (a block that
-    failed its magic, bounds or checksum). last_seq is the seq of the last valid
-    block, or -1. next_valid is the offset of a valid block after the one that
-    stopped the scan, or -1: blocks are written one at a time, so a torn write can
-    only be the file's last block, and a valid block after an invalid one means the
-    invalid one was damaged after it was acknowledged (the caller must not go on).
+    start; torn is True when the bytes at end_offset are neither zeros nor a valid
+    block of another generation (a block that failed its magic, bounds or checksum,
+    or, in a reused file, the middle of an earlier use's block). last_seq is the seq
+    of the last valid block, or -1. next_valid is the offset of a valid block of this
+    file after the one that stopped the scan, or -1: blocks are written one at a time,
+    so a torn write can only be the file's last block, and a valid block after an
+    invalid one means the invalid one was damaged after it was acknowledged (the
+    caller must not go on).
     """
     cdef Py_ssize_t n = buf.shape[0]
     cdef Py_ssize_t pos = offset
@@ -148,6 +160,7 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
     cdef Py_ssize_t plen, rpos, rend, total
     cdef list records = []
     cdef int64_t last_seq = -1
+    cdef uint64_t seq
     cdef bint torn = False
     cdef Py_ssize_t i, q
     cdef Py_ssize_t next_valid = -1
@@ -155,6 +168,9 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
         p = &buf[pos]
         plen = _block_len(p, pos, n)
         if plen < 0:
+            break
+        seq = get_u64(p + 16)
+        if generation >= 0 and not _follows(seq, generation, last_seq):
             break
         count = get_u32(p + 12)
         rpos = pos + BLOCK_HEADER
@@ -171,9 +187,12 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
         if len(block) != count or rpos != rend:
             break
         records.extend(block)
-        last_seq = <int64_t>get_u64(p + 16)
+        last_seq = <int64_t>seq
         total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
         pos += total
+    if pos + BLOCK_HEADER <= n and _block_len(&buf[pos], pos, n) >= 0 and generation >= 0 \
+            and <int64_t>(get_u64(&buf[pos] + 16) >> 32) != generation:
+        return records, pos, False, last_seq, -1  # an earlier use's block: where this use ends
     for i in range(pos, n):
         if buf[i] != 0:
             torn = True
@@ -181,8 +200,22 @@ def scan_blocks(const uint8_t[::1] buf, Py_ssize_t offset):
     if torn:
         q = pos + ALIGN
         while q + BLOCK_HEADER <= n:
-            if _block_len(&buf[q], q, n) >= 0 and <int64_t>get_u64(&buf[q] + 16) > last_seq:
+            if _block_len(&buf[q], q, n) >= 0 and _later(get_u64(&buf[q] + 16), generation, last_seq):
                 next_valid = q
                 break
             q += ALIGN
     return records, pos, torn, last_seq, next_valid
+
+
+cdef inline bint _follows(uint64_t seq, int64_t generation, int64_t last_seq) noexcept:
+    """seq is this file's next block: its generation, and n one past the last (any n for the first)."""
+    if <int64_t>(seq >> 32) != generation:
+        return False
+    return last_seq < 0 or seq == <uint64_t>last_seq + 1
+
+
+cdef inline bint _later(uint64_t seq, int64_t generation, int64_t last_seq) noexcept:
+    """seq is a block of this file written after last_seq (format 1: any larger seq)."""
+    if generation >= 0 and <int64_t>(seq >> 32) != generation:
+        return False
+    return <int64_t>seq > last_seq
