@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     Extension(f"bookkeeper._ext.{name}", [f"ext/bookkeeper/_ext/{name}.pyx"],
               extra_compile_args=["-O2"])
-    for name in ("wire", "journal", "client", "entrylog")
+    for name in ("wire", "journal", "client", "entrylog", "shardpath")
 ]
 
 setup(

@@ -183,3 +183,148 @@ def test_write_lac_answers_a_parked_long_poll_and_is_refused_to_all_but_the_writ
         server.storage.close()
 
     uvloop.run(main())
+
+
+# -- the C add path (ext/bookkeeper/_ext/shardpath.pyx) -----------------------------------------
+
+
+def _req(op: Op, rid: int, ledger: int, entry: int, *, flags: int = 0, key: bytes = KEY, size: int = 10,
+         header: tuple[int, int] | None = None) -> bytes:
+    """One request; for adds, a digest-framed payload whose header names `header` (default: itself)."""
+    if op != Op.ADD_ENTRY:
+        return encode_request(op, flags, rid, ledger, entry, key, 0, b"")
+    hl, he = header or (ledger, entry)
+    payload = DigestManager(hl, DigestType.CRC32C, b"bp").encode(he, he - 1, size * (he + 1), bytes(size))
+    return encode_request(op, flags, rid, ledger, entry, key, 0, payload)
+
+
+def _answers(sock: Socket) -> dict[int, tuple[int, int, int]]:
+    """request id -> (op, status, lac) of every response the connection received."""
+    return {r[2]: (r[0], r[1], r[5]) for r in sock.responses()}
+
+
+def test_one_buffer_of_mixed_requests_is_answered_in_order_of_effect(tmp_path: Path) -> None:
+    """In one receive buffer: adds that take the C path, the first add of a ledger (Python: it
+    creates the state), a wrong key, an entry header naming another entry, a fence, an add after
+    the fence (FENCED), a recovery add after it (OK), a read of a staged entry. Each effect is
+    applied in arrival order and each request gets the answer the Python path defines."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        buf = b"".join([
+            _req(Op.ADD_ENTRY, 1, 7, 0),                            # first sight of ledger 7: Python
+            _req(Op.ADD_ENTRY, 2, 7, 1),                            # C path
+            _req(Op.ADD_ENTRY, 3, 7, 2, key=master_key(b"other")),  # UNAUTHORIZED
+            _req(Op.ADD_ENTRY, 4, 7, 3, header=(7, 9)),             # BAD_REQUEST: header names entry 9
+            _req(Op.ADD_ENTRY, 5, 7, 3),                            # C path
+            _req(Op.READ_ENTRY, 6, 7, 1),                           # staged: readable at once
+            _req(Op.READ_LAC, 7, 7, -1, flags=Flag.FENCE),          # fence (answered when durable)
+            _req(Op.ADD_ENTRY, 8, 7, 4),                            # FENCED
+            _req(Op.ADD_ENTRY, 9, 7, 4, flags=Flag.RECOVERY_ADD),   # OK: recovery adds pass a fence
+        ])
+        conn.data_received(buf)
+        now = _answers(sock)
+        assert now == {3: (Op.ADD_ENTRY, Status.UNAUTHORIZED, -1), 4: (Op.ADD_ENTRY, Status.BAD_REQUEST, -1),
+                       6: (Op.READ_ENTRY, Status.OK, 2), 8: (Op.ADD_ENTRY, Status.FENCED, -1)}
+        await asyncio.sleep(0)
+        syncer.release_all()
+        got = _answers(sock)
+        for rid, lac in ((1, -1), (2, 0), (5, 2), (9, 3)):
+            assert got[rid] == (Op.ADD_ENTRY, Status.OK, lac), rid
+        assert got[7][:2] == (Op.READ_LAC, Status.OK)
+        st = server.storage.ledger(7)
+        assert st is not None and st.fenced and st.last_entry == 4 and st.lac == 3
+        assert sorted(e for (lid, e) in server.storage.write_cache if lid == 7) == [0, 1, 3, 4]
+        assert server.counters[int(Op.ADD_ENTRY)] == 7 and server.counters["add_errors"] == 3  # every add counted
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_c_path_stages_and_counts_exactly_like_put_entry(tmp_path: Path) -> None:
+    """write_cache_bytes after C-path adds (including a rewrite of the same entry) equals what
+    LedgerStorage.put_entry counts; every add is in the journal, answered once durable."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        conn.data_received(adds(3, 0, 1, 50))  # ledger 3 created through Python
+        conn.data_received(adds(3, 1, 20, 50) + adds(3, 5, 1, 50))  # entry 5 twice
+        expected = sum(len(v) + ENTRY_OVERHEAD_BYTES for v in server.storage.write_cache.values())
+        assert server.storage.write_cache_bytes == expected and len(server.storage.write_cache) == 21
+        for _ in range(3):
+            await asyncio.sleep(0)
+            syncer.release_all()
+        oks = [r for r in sock.responses() if r[1] == Status.OK]
+        assert len(oks) == 22 and sorted({r[4] for r in oks}) == list(range(21))
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_frames_split_across_receive_buffers_get_the_same_answers(tmp_path: Path) -> None:
+    """A stream of adds cut at every 97 bytes (partial headers, partial payloads) is answered
+    exactly like the same stream in one buffer: each request once, OK."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        stream = adds(5, 0, 40, 120)
+        for i in range(0, len(stream), 97):
+            conn.data_received(stream[i:i + 97])
+        await asyncio.sleep(0)
+        syncer.release_all()
+        await asyncio.sleep(0)
+        syncer.release_all()
+        got = sock.responses()
+        assert sorted((r[1], r[4]) for r in got) == [(Status.OK, e) for e in range(40)]
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_a_failed_journal_block_answers_its_c_path_adds_server_error(tmp_path: Path) -> None:
+    """Adds staged by the C path whose block fails get SERVER_ERROR (LAC -1), counted as add
+    errors; the shard then answers adds READ_ONLY (the Python path) and nothing is lost silently."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        journal.on_failed = lambda items, err: (server.on_failed(items, err),
+                                                setattr(server, "readonly", True))
+        conn.data_received(adds(6, 0, 1, 10))
+        await asyncio.sleep(0)
+        syncer.release_all()
+        conn.data_received(adds(6, 1, 5, 10))  # C path, in the next block
+        await asyncio.sleep(0)
+        syncer.pending.pop(0)(OSError(5, "device gone"))
+        conn.data_received(adds(6, 6, 1, 10))
+        got = sock.responses()
+        assert [(r[4], r[1], r[5]) for r in got] == (
+            [(0, Status.OK, -1)] + [(e, Status.SERVER_ERROR, -1) for e in range(1, 6)]
+            + [(6, Status.READ_ONLY, -1)])
+        assert server.counters["add_errors"] == 6
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_c_path_add_wakes_a_parked_long_poll(tmp_path: Path) -> None:
+    """A long poll parked on entry 2 is answered by the buffer whose C-path add carries LAC 2."""
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path)
+        conn.data_received(adds(8, 0, 3, 10))  # entries 0-2, LAC 1
+        poll = encode_request(Op.READ_ENTRY, Flag.LONG_POLL, 77, 8, 2, KEY, 5000, b"")
+        conn.data_received(poll)
+        assert 77 not in _answers(sock)
+        conn.data_received(adds(8, 3, 1, 10))  # carries LAC 2
+        assert _answers(sock)[77] == (Op.READ_ENTRY, Status.OK, 2)
+        await asyncio.sleep(0)
+        syncer.release_all()
+        server.forget_waiters(conn)
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())

@@ -2,10 +2,13 @@
 
 Lives in: one shard process, its event loop thread.
 
-`data_received` hands the whole receive buffer to `parse_requests` (Cython) and
-dispatches the frames; responses that need no journal (reads, errors) are
-encoded together and written once per receive; add responses are written once
-per journal batch per connection (`_on_durable`).
+`data_received` hands the whole receive buffer to the shard's C add path
+(`AddPath.dispatch`, ext/bookkeeper/_ext/shardpath.pyx): adds whose answer is OK are
+staged, journaled and their responses encoded into the connection's `pending` bytes
+in one C loop; every other frame comes back here (`dispatch`) in arrival order.
+Responses that need no journal (reads, errors) are encoded together and written once
+per receive; add responses are written once per journal batch per connection
+(`on_durable`).
 
 Bad input never takes the shard down: a frame that can never parse (over the
 limit, shorter than a header, unknown version) closes that connection; a
@@ -23,9 +26,11 @@ from collections import defaultdict
 from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
+from bookkeeper._ext.shardpath import AddPath, fail_responses
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
+from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.proto import (
     ENTRY_HEADER_BYTES,
     MAX_LEDGER_ID,
@@ -36,7 +41,6 @@ from bookkeeper.proto import (
     Status,
     encode_responses,
     entry_header,
-    parse_requests,
     shard_for_ledger,
 )
 
@@ -62,6 +66,7 @@ class BookieProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._out: list[Response] = []
+        self.pending = bytearray()  # encoded responses of adds not yet durable (the C add path)
         self.closed = False
         self._refusing = False  # a bad frame arrived: answer what came before it, then close
 
@@ -78,16 +83,16 @@ class BookieProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refusing:
             return
-        self._buf += data
-        self.shard.now = time.monotonic()  # the arrival time of every request in this buffer
-        bad: FrameError | None = None
-        try:
-            frames, used = parse_requests(self._buf, self.shard.max_frame_bytes)
-        except FrameError as e:  # the valid requests before the bad frame are still answered
-            bad, frames, used = e, e.frames, len(self._buf)
-        del self._buf[:used]
-        for frame in frames:
-            self.shard.dispatch(self, frame)
+        now = self.shard.now = time.monotonic()  # the arrival time of every request in this buffer
+        bad: FrameError | None
+        if self._buf:
+            self._buf += data
+            used, bad = self.shard.add_path.dispatch(self, self.pending, self._buf, now)
+            del self._buf[:used]
+        else:  # the common case: no partial frame kept, parse the receive buffer in place
+            used, bad = self.shard.add_path.dispatch(self, self.pending, data, now)
+            if used < len(data) and bad is None:
+                self._buf += memoryview(data)[used:]
         self.shard.wake_parked()
         self.flush()
         if bad is None:
@@ -123,6 +128,15 @@ class BookieProtocol(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.transport.write(encode_responses(responses))
 
+    def send_pending(self, nbytes: int, failed: bool = False) -> None:
+        """Write the first nbytes of pending add responses (their block is durable, or
+        failed: then they become SERVER_ERROR) and drop them."""
+        if failed:
+            fail_responses(self.pending, nbytes)
+        if not self.closed and self.transport is not None:
+            self.transport.write(self.pending[:nbytes])  # a copy: pending keeps changing
+        del self.pending[:nbytes]
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -154,6 +168,7 @@ class ShardServer:
         # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
+        self.add_path = AddPath(self, storage, max_frame_bytes, ENTRY_OVERHEAD_BYTES)
 
     # -- backpressure ------------------------------------------------------------
     def _over_bounds(self) -> bool:
@@ -181,12 +196,20 @@ class ShardServer:
         """A journal batch is durable: answer its adds, one write per connection.
 
         Add latency is observed once per run of adds that arrived in one receive buffer
-        (they share an arrival time), not once per add.
+        (they share an arrival time), not once per add. Items are (conn, response, arrival)
+        from this module, or (conn, None, arrival, count, nbytes) for a run of adds of the C
+        add path, whose responses wait encoded in conn.pending.
         """
         per_conn: dict[BookieProtocol, list[Response]] = {}
+        pending: dict[BookieProtocol, int] = {}
         now, run_t, run = time.monotonic(), 0.0, 0
-        for conn, resp, t in items:
-            if conn is not None:
+        for item in items:
+            conn, resp, t = item[0], item[1], item[2]
+            if resp is None:
+                if conn is not None:
+                    pending[conn] = pending.get(conn, 0) + item[4]
+                    self._add_latency.observe(now - t, item[3])
+            elif conn is not None:
                 per_conn.setdefault(conn, []).append(resp)
                 if resp[0] == _ADD:
                     if t != run_t:
@@ -196,17 +219,28 @@ class ShardServer:
                     run += 1
         if run:
             self._add_latency.observe(now - run_t, run)
+        for conn, nbytes in pending.items():
+            conn.send_pending(nbytes)
         for conn, responses in per_conn.items():
             conn.send_now(responses)
         self.release_backpressure()
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}
-        for conn, resp, _t in items:
-            if conn is not None:
+        pending: dict[BookieProtocol, int] = {}
+        for item in items:
+            conn, resp = item[0], item[1]
+            if conn is None:
+                continue
+            if resp is None:
+                self.counters["add_errors"] += item[3]
+                pending[conn] = pending.get(conn, 0) + item[4]
+            else:
                 self.counters["add_errors"] += resp[0] == _ADD
                 per_conn.setdefault(conn, []).append(
                     (resp[0], Status.SERVER_ERROR, resp[2], resp[3], resp[4], -1, b""))
+        for conn, nbytes in pending.items():
+            conn.send_pending(nbytes, failed=True)
         for conn, responses in per_conn.items():
             conn.send_now(responses)
         self.release_backpressure()  # paused senders get their errors, not a stall

@@ -277,6 +277,18 @@ class Journal:
             self._batch_started = time.monotonic()
         self._batch.add(rtype, ledger_id, entry_id, data)
         self._batch_items.append(item)
+        self._appended()
+
+    def attach(self, item: Any, started_batch: bool) -> None:
+        """Records were appended to the filling batch directly (the shard's C add path,
+        shardpath.pyx, which checks that the journal has not failed): item is handed to
+        on_durable once they are durable. started_batch: they were its first records."""
+        if started_batch:
+            self._batch_started = time.monotonic()
+        self._batch_items.append(item)
+        self._appended()
+
+    def _appended(self) -> None:
         if self._inflight_items is not None:
             return  # the batch fills behind the sync in flight
         if self.full:

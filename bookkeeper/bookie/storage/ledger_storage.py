@@ -38,6 +38,7 @@ from pathlib import Path
 import lmdb
 
 from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, encode_batch
+from bookkeeper._ext.shardpath import LedgerState
 from bookkeeper.bookie.files import fsync_dir
 from bookkeeper.bookie.storage.compaction import CompactionResult, Compactor
 from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, LOG_MAGIC, LogInfo
@@ -62,16 +63,6 @@ class Snapshot:
     entries: dict[tuple[int, int], bytes]
     states: dict[int, "LedgerState"]
     deletes: set[int]
-
-
-@dataclass(slots=True)
-class LedgerState:
-    """What a shard knows of one ledger; made durable by the journal, then checkpoints."""
-
-    master_key: bytes
-    fenced: bool = False
-    lac: int = -1
-    last_entry: int = -1
 
 
 class LedgerStorage:

@@ -57,11 +57,10 @@ cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t 
 
 
 cdef class JournalBatch:
-    """Records of one group commit, appended into one buffer (per shard, loop thread only)."""
+    """Records of one group commit, appended into one buffer (per shard, loop thread only).
 
-    cdef bytearray _buf
-    cdef Py_ssize_t _used  # bytes of _buf in use; the rest is room grown ahead (doubling)
-    cdef public Py_ssize_t count
+    _used: bytes of _buf in use; the rest is room grown ahead (doubling). journal.pxd
+    declares the fields and append_record for the shard's C add path."""
 
     def __cinit__(self, bytearray reuse=None):
         """reuse: the buffer of a batch whose block is durable (its size is kept as room,
@@ -78,6 +77,10 @@ cdef class JournalBatch:
     def add(self, int rtype, uint64_t ledger_id, int64_t entry_id, const uint8_t[::1] data):
         """Append one record. data is copied; the caller may reuse its buffer."""
         cdef Py_ssize_t dlen = data.shape[0]
+        self.append_record(rtype, ledger_id, entry_id, &data[0] if dlen else NULL, dlen)
+
+    cdef int append_record(self, int rtype, uint64_t ledger_id, int64_t entry_id, const uint8_t* data,
+                           Py_ssize_t dlen) except -1:
         cdef Py_ssize_t old = self._used
         cdef Py_ssize_t need = old + RECORD_HEADER + dlen
         cdef Py_ssize_t size = PyByteArray_GET_SIZE(self._buf)
@@ -90,8 +93,9 @@ cdef class JournalBatch:
         put_u64(o + 5, ledger_id)
         put_u64(o + 13, <uint64_t>entry_id)
         if dlen:
-            memcpy(o + RECORD_HEADER, &data[0], dlen)
+            memcpy(o + RECORD_HEADER, data, dlen)
         self.count += 1
+        return 0
 
     cdef int _grow(self, Py_ssize_t size) except -1:
         try:
