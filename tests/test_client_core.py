@@ -12,7 +12,7 @@ import time
 import crc32c
 import pytest
 
-from bookkeeper._ext.client import (DIGEST_CRC32C, DIGEST_DUMMY, DIGEST_MAC, AddTracker, RequestPipe,
+from bookkeeper._ext.client import (DIGEST_CRC32C, DIGEST_DUMMY, DIGEST_MAC, AckSink, AddTracker, RequestPipe,
                                     check_entry, encode_entry)
 from bookkeeper.proto import FrameError, Flag, Op, Status, encode_responses, parse_requests
 
@@ -476,3 +476,37 @@ def test_a_transport_given_up_on_cannot_touch_the_next_ones_requests() -> None:
         assert len(got) == 1 and got[0] is not None and conn.pipe.outstanding == 0
 
     asyncio.run(main())
+
+
+def test_ack_sink_counts_ok_adds_in_c_and_reports_progress_once_per_buffer(loop) -> None:
+    """Adds sent with an AckSink: their OK responses ack the tracker without reaching on_response
+    (futures resolved in id order), on_progress runs once per receive buffer in which entries
+    became acknowledged (not for a buffer that only half-acks), and an error, a response from a
+    bookie being replaced and a timeout go to on_response as (ctx, resp, err)."""
+    ens = ["a", "b", "c"]
+    t = AddTracker(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    failed: set = set()
+    other: list = []
+    progress: list = []
+    sink = AckSink(t, failed, lambda c, r, e: other.append((c, r, e)), lambda: progress.append(t.lac))
+    pipe, _, _ = make_pipe()
+    futs = [loop.create_future() for _ in range(4)]
+    rids = {}
+    for e in range(4):
+        for idx in t.add(e, 10, futs[e], b"p", ens):
+            pipe.send(Op.ADD_ENTRY, 0, 7, e, KEY, 0, b"p", sink, (e, idx, ens[idx]), 60.0)
+            rids[(e, idx)] = len(rids) + 1  # request ids from 1, in send order
+
+    def ok(e: int, idx: int, status: int = 0) -> tuple:
+        return (int(Op.ADD_ENTRY), int(status), rids[(e, idx)], 7, e, -1, b"")
+
+    pipe.feed(encode_responses([ok(0, 0), ok(1, 1)]))  # one ack each: nothing acknowledged
+    assert progress == [] and other == [] and t.lac == -1
+    pipe.feed(encode_responses([ok(1, 2), ok(0, 1)]))  # entries 0 and 1 together: one progress call
+    assert progress == [1] and [f.result() for f in futs[:2]] == [0, 1] and other == []
+    failed.add("c")  # "c" is being replaced: its OK does not count
+    pipe.feed(encode_responses([ok(2, 2), ok(2, 0, Status.FENCED)]))
+    assert progress == [1] and t.lac == 1 and not futs[2].done()
+    assert other == [((2, 0, "a"), ok(2, 0, Status.FENCED), ("error", int(Status.FENCED)))]
+    pipe.expire(time.monotonic() + 120, lambda: "late")
+    assert [o[0] for o in other[1:]] == [(3, 0, "a"), (3, 1, "b")] and all(o[2] == "late" for o in other[1:])

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.client.core import AddTracker, entry_missing, fence_covered, write_set
+from bookkeeper.client.core import AckSink, AddTracker, entry_missing, fence_covered, write_set
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.errors import (
     BKError,
@@ -315,7 +315,8 @@ class WriteHandle(ReadHandle):
         self._segment_md: LedgerMetadata | None = None  # what _segment was built from
         self._segment_epoch = -1
         self._segment: tuple[int, list[str], list[ShardConnection | None]] = (0, [], [])
-        self._add_callback = self._on_add_response  # one bound method, not one per send
+        # One callback for every add sent: the pipes count its OK responses in C (AckSink).
+        self._add_callback = AckSink(self._tracker, self._failed_bookies, self._on_add_response, self._on_acks)
         # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
         # sent so far (a timer that sees them move knows the writer was not idle), and the timer.
         self._lac_told = lac
@@ -483,10 +484,7 @@ class WriteHandle(ReadHandle):
             # Counts only if the slot was not re-sent elsewhere since and the bookie is not being
             # replaced (the entry is resent to its replacement); resolves acknowledged futures.
             if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies):
-                if self._room is not None and not self._room.done():
-                    self._room.set_result(None)  # a waiter for room, or close() for the last ack
-                if self._lac_timer is None and not self._recovery and self._bk.config.explicit_lac_interval_ms:
-                    self._arm_lac_timer()
+                self._on_acks()
             return
         if not self._tracker.is_current(entry_id, idx, bookie):
             return  # already settled, or from a bookie replaced since (resent elsewhere)
@@ -505,6 +503,13 @@ class WriteHandle(ReadHandle):
                 self._changing.add_done_callback(self._change_done)
         else:
             self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
+
+    def _on_acks(self) -> None:
+        """Entries became acknowledged (their futures are resolved already, in C)."""
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)  # a waiter for room, or close() for the last ack
+        if self._lac_timer is None and not self._recovery and self._bk.config.explicit_lac_interval_ms:
+            self._arm_lac_timer()
 
     # -- explicit LAC ------------------------------------------------------
     def _arm_lac_timer(self) -> None:

@@ -5,7 +5,7 @@ Plain classes and pure functions: no sockets, no loop, no clock. The shell
 add hot path) also holds each outstanding entry's future so it can resolve a whole
 acknowledged run in one call.
 """
-from bookkeeper._ext.client import AddTracker  # noqa: F401
+from bookkeeper._ext.client import AckSink, AddTracker  # noqa: F401
 from bookkeeper.client.core.quorum import (  # noqa: F401
     fence_covered,
     entry_missing,

@@ -267,12 +267,26 @@ cdef class RequestPipe:
             off += room
 
     cdef Py_ssize_t _dispatch(self, const uint8_t* base, Py_ssize_t n) except -1:
+        cdef list progressed = []
+        try:
+            return self._dispatch_frames(base, n, progressed)
+        finally:
+            for sink in progressed:
+                (<AckSink>sink).queued = False
+                try:
+                    (<AckSink>sink).on_progress()
+                except Exception:
+                    _log.exception("add progress callback failed")
+
+    cdef Py_ssize_t _dispatch_frames(self, const uint8_t* base, Py_ssize_t n, list progressed) except -1:
         cdef Py_ssize_t pos = 0
         cdef Py_ssize_t flen
         cdef const uint8_t* p
         cdef int status
         cdef uint64_t rid
         cdef uint64_t generation = self._generation
+        cdef AckSink sink
+        cdef tuple actx
         while pos < n:
             p = base + pos
             flen = frame_len(p, n - pos, RESP_HEADER, self._max_frame)
@@ -286,6 +300,16 @@ cdef class RequestPipe:
             if entry is None:
                 continue  # timed out earlier, or failed with the connection
             callback, ctx, _, borrow, _ = <tuple>entry
+            if type(callback) is AckSink and p[6] == 0 and p[7] == 0:  # an OK add: counted in C
+                sink = <AckSink>callback
+                actx = <tuple>ctx
+                try:
+                    if sink.tracker._ack_from(actx[0], actx[1], actx[2], sink.failed_bookies) and not sink.queued:
+                        sink.queued = True
+                        progressed.append(sink)
+                except Exception:
+                    _log.exception("add acknowledgement failed")
+                continue
             view = None
             if borrow and flen > RESP_HEADER:
                 view = PyMemoryView_FromMemory(<char*>(p + RESP_HEADER), flen - RESP_HEADER, PyBUF_READ)
@@ -334,6 +358,35 @@ cdef class RequestPipe:
         self._generation += 1
         for callback, ctx, _, _, _ in pending.values():
             callback(ctx, None, err)
+
+
+cdef class AckSink:
+    """A write handle's add callback whose OK responses the pipe counts in C.
+
+    Why: at Qw=2 every entry gets two responses; through Python each cost a response tuple
+    and a call into the handle. An OK add response only sets a bit in the tracker and may
+    acknowledge a run of entries (resolving their futures, in C): RequestPipe does that
+    itself and calls on_progress() once per receive buffer in which some entry of this
+    handle became acknowledged. Everything else (errors, timeouts, a lost connection)
+    calls the sink like any callback, and it hands that to on_response(ctx, resp, err).
+    ctx is (entry_id, ensemble slot, bookie) and failed_bookies the handle's own set.
+    """
+
+    cdef AddTracker tracker
+    cdef set failed_bookies
+    cdef object on_response
+    cdef object on_progress
+    cdef bint queued
+
+    def __init__(self, AddTracker tracker, set failed_bookies, on_response, on_progress):
+        self.tracker = tracker
+        self.failed_bookies = failed_bookies
+        self.on_response = on_response
+        self.on_progress = on_progress
+        self.queued = False
+
+    def __call__(self, ctx, resp, err):
+        return self.on_response(ctx, resp, err)
 
 
 # -- add tracker --------------------------------------------------------------------
@@ -461,21 +514,28 @@ cdef class AddTracker:
         if pos < 0 or not self._in_write_set(entry_id, idx):
             return []
         self._acked[pos] |= (<uint64_t>1) << idx
-        return self._advance()
+        cdef list done = []
+        self._advance(done)
+        return done
 
     def ack_from(self, int64_t entry_id, int idx, bookie, set failed_bookies) -> int:
         """ack() of a response from bookie, unless that slot was re-sent elsewhere since or
         bookie is being replaced; returns how many entries became acknowledged."""
+        return self._ack_from(entry_id, idx, bookie, failed_bookies)
+
+    cdef Py_ssize_t _ack_from(self, int64_t entry_id, int idx, object bookie, set failed_bookies) except -1:
         cdef Py_ssize_t pos = self._slot(entry_id)
         if pos < 0 or not self._in_write_set(entry_id, idx):
             return 0
         if (<list>self._sent[pos])[idx] != bookie or (failed_bookies and bookie in failed_bookies):
             return 0
         self._acked[pos] |= (<uint64_t>1) << idx
-        return len(self._advance())
+        return self._advance(None)
 
-    cdef list _advance(self):
-        cdef list done = []
+    cdef Py_ssize_t _advance(self, list done) except -1:
+        """Acknowledge the run of entries from LAC + 1 with Qa acks, resolving their futures;
+        (entry, length) of each is appended to done unless it is None. Returns how many."""
+        cdef Py_ssize_t count = 0
         cdef Py_ssize_t pos
         cdef uint64_t bits
         cdef int n
@@ -496,10 +556,12 @@ cdef class AddTracker:
             self._sent[pos] = None
             self._head = (pos + 1) % self._cap
             self._count -= 1
-            done.append((self.lac, self.length))
+            count += 1
+            if done is not None:
+                done.append((self.lac, self.length))
             if fut is not None and not fut.done():
                 fut.set_result(self.lac)
-        return done
+        return count
 
     def fail(self, int64_t entry_id, int idx) -> bool:
         """Slot idx refused or lost entry_id. True if the entry can no longer reach Qa."""
