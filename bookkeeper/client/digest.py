@@ -30,17 +30,17 @@ class DigestManager:
     def __init__(self, ledger_id: int, digest: DigestType, password: bytes) -> None:
         self.ledger_id = ledger_id
         self.digest = digest
-        self._kind = _KIND[digest]
-        self._mac_key = hashlib.sha1(b"mac" + password).digest()
+        self.kind = _KIND[digest]
+        self.mac_key = hashlib.sha1(b"mac" + password).digest()
         self.size = {DigestType.CRC32C: 4, DigestType.MAC: 20, DigestType.DUMMY: 0}[digest]
 
     def encode(self, entry_id: int, lac: int, length: int, data: bytes) -> bytes:
-        return encode_entry(self._kind, self._mac_key, self.ledger_id, entry_id, lac, length, data)
+        return encode_entry(self.kind, self.mac_key, self.ledger_id, entry_id, lac, length, data)
 
     def verify(self, payload: bytes | memoryview, entry_id: int) -> tuple[bytes, int, int]:
         """Check a stored entry (any buffer: the read path passes a view of the receive buffer);
         returns (data, lac, length), data copied out as bytes, or raises DigestMismatchError."""
         try:
-            return check_entry(self._kind, self._mac_key, self.ledger_id, entry_id, payload)
+            return check_entry(self.kind, self.mac_key, self.ledger_id, entry_id, payload)
         except ValueError as e:
             raise DigestMismatchError(str(e)) from None

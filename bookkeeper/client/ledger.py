@@ -365,9 +365,22 @@ class WriteHandle(ReadHandle):
             return out
         first = self._next
         last_fut: asyncio.Future[int] = self._loop.create_future()
-        for data in items[:-1]:
-            self._send_entry(data, None)
-        self._send_entry(items[-1], last_fut)
+        seg_first, ensemble, conns = self._current_segment()
+        if self._recovery or None in conns or first < seg_first:
+            for data in items[:-1]:
+                self._send_entry(data, None)
+            self._send_entry(items[-1], last_fut)
+        else:  # the common case, in one C loop: every slot routable, entries of the last segment
+            piggyback = self._tracker.lac
+            self._next += len(items)
+            self._adds_sent += len(items)
+            self._lac_told = piggyback
+            self._sent_length, unconnected = self._tracker.send_entries(
+                items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key,
+                self.ledger_id, self._key, self._add_flags, ensemble, [c.pipe for c in conns],  # type: ignore[union-attr]
+                self._add_callback, self._bk.config.add_timeout_s, last_fut)
+            for idx in unconnected:
+                conns[idx].ensure_connecting()  # type: ignore[union-attr]
 
         def settle(f: asyncio.Future[int]) -> None:
             if out.done():
