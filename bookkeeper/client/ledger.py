@@ -314,7 +314,7 @@ class WriteHandle(ReadHandle):
         self._room: asyncio.Future[None] | None = None
         self._segment_md: LedgerMetadata | None = None  # what _segment was built from
         self._segment_epoch = -1
-        self._segment: tuple[int, list[str], list[ShardConnection | None]] = (0, [], [])
+        self._segment: tuple[int, list[str], list[ShardConnection | None], list[Any] | None] = (0, [], [], None)
         # One callback for every add sent: the pipes count its OK responses in C (AckSink).
         self._add_callback = AckSink(self._tracker, self._failed_bookies, self._on_add_response, self._on_acks)
         # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
@@ -345,7 +345,7 @@ class WriteHandle(ReadHandle):
         """
         self._check_room(1)
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._send_entry(self._checked(data), fut)
+        self._send_entries([self._checked(data)], fut)
         return fut
 
     def add_entries_async(self, datas: Sequence[bytes]) -> asyncio.Future[list[int]]:
@@ -365,22 +365,7 @@ class WriteHandle(ReadHandle):
             return out
         first = self._next
         last_fut: asyncio.Future[int] = self._loop.create_future()
-        seg_first, ensemble, conns = self._current_segment()
-        if self._recovery or None in conns or first < seg_first:
-            for data in items[:-1]:
-                self._send_entry(data, None)
-            self._send_entry(items[-1], last_fut)
-        else:  # the common case, in one C loop: every slot routable, entries of the last segment
-            piggyback = self._tracker.lac
-            self._next += len(items)
-            self._adds_sent += len(items)
-            self._lac_told = piggyback
-            self._sent_length, unconnected = self._tracker.send_entries(
-                items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key,
-                self.ledger_id, self._key, self._add_flags, ensemble, [c.pipe for c in conns],  # type: ignore[union-attr]
-                self._add_callback, self._bk.config.add_timeout_s, last_fut)
-            for idx in unconnected:
-                conns[idx].ensure_connecting()  # type: ignore[union-attr]
+        self._send_entries(items, last_fut)
 
         def settle(f: asyncio.Future[int]) -> None:
             if out.done():
@@ -408,7 +393,7 @@ class WriteHandle(ReadHandle):
         (in id order), or callback(entry_id, error) if the handle fails first. For services that
         do not want a future per entry; an exception from the callback is logged, not raised."""
         self._check_room(1)
-        self._send_entry(self._checked(data), _AddCallback(callback, self._next))
+        self._send_entries([self._checked(data)], _AddCallback(callback, self._next))
 
     def _check_room(self, n: int) -> None:
         if self._closing or self.metadata.state is not self._writable_state:
@@ -427,6 +412,27 @@ class WriteHandle(ReadHandle):
                                 f"frame limit")
         return bytes(data)
 
+    def _send_entries(self, items: list[bytes], last: Any) -> None:
+        """Give the next ids to items and send each to its write set; last (a future, an
+        _AddCallback or None) is settled with the last one. The common case (a writer, every
+        slot routable) runs in one C loop (AddTracker.send_entries); else entry by entry."""
+        first = self._next
+        seg_first, ensemble, conns, pipes = self._current_segment()
+        if self._recovery or pipes is None or first < seg_first:
+            for data in items[:-1]:
+                self._send_entry(data, None)
+            self._send_entry(items[-1], last)
+            return
+        piggyback = self._tracker.lac
+        self._next += len(items)
+        self._adds_sent += len(items)
+        self._lac_told = piggyback
+        self._sent_length, unconnected = self._tracker.send_entries(
+            items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key, self.ledger_id,
+            self._key, self._add_flags, ensemble, pipes, self._add_callback, self._bk.config.add_timeout_s, last)
+        for idx in unconnected:
+            conns[idx].ensure_connecting()  # type: ignore[union-attr]
+
     def _send_entry(self, data: bytes, fut: Any) -> None:
         """Give the next entry id to data and send it to its write set; fut (a future, an
         _AddCallback or None) is settled when it is acknowledged or the handle fails."""
@@ -439,7 +445,7 @@ class WriteHandle(ReadHandle):
         self._lac_told = piggyback
         self._adds_sent += 1
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
-        first, ensemble, conns = self._current_segment()
+        first, ensemble, conns, _ = self._current_segment()
         if entry_id < first:  # a recovery rewrite below the fenced writer's last segment
             ensemble = self.metadata.ensemble_for(entry_id)
             for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
@@ -454,9 +460,10 @@ class WriteHandle(ReadHandle):
                                 self._add_callback, (entry_id, idx, ensemble[idx]), timeout_s):
                 conn.ensure_connecting()
 
-    def _current_segment(self) -> tuple[int, list[str], list[ShardConnection | None]]:
-        """The last segment's first entry, its ensemble and each slot's shard connection
-        (None: unroutable), cached until the metadata or the pool's routes change.
+    def _current_segment(self) -> tuple[int, list[str], list[ShardConnection | None], list[Any] | None]:
+        """The last segment's first entry, its ensemble, each slot's shard connection (None:
+        unroutable) and their pipes (None if a slot is unroutable), cached until the metadata
+        or the pool's routes change.
 
         A writer's new entries belong to the last segment (a new one starts at LAC + 1); a
         recovery handle's rewrites may fall below it, into the fenced writer's segments.
@@ -471,7 +478,8 @@ class WriteHandle(ReadHandle):
                     conns.append(self._bk.pool.connection(bookie, self.ledger_id))
                 except BKError:
                     conns.append(None)
-            self._segment_md, self._segment_epoch, self._segment = md, epoch, (first, ensemble, conns)
+            pipes = None if None in conns else [c.pipe for c in conns]  # type: ignore[union-attr]
+            self._segment_md, self._segment_epoch, self._segment = md, epoch, (first, ensemble, conns, pipes)
         return self._segment
 
     async def add_entry(self, data: bytes) -> int:
