@@ -24,7 +24,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.ref cimport PyObject
 from bookkeeper._ext.endian cimport get_u32, get_u64, put_u16, put_u32, put_u64
-from bookkeeper._ext.frame cimport REQ_HEADER, RESP_HEADER, KEY_LEN, frame_len, frame_error
+from bookkeeper._ext.frame cimport REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCOMPLETE, frame_len, frame_error
 from bookkeeper._ext.journal cimport JournalBatch
 
 from bookkeeper._ext.wire import FrameError
@@ -50,7 +50,7 @@ cdef class LedgerState:
     cdef public int64_t lac
     cdef public int64_t last_entry
 
-    def __init__(self, bytes master_key, bint fenced=False, int64_t lac=-1, int64_t last_entry=-1):
+    def __init__(self, bytes master_key not None, bint fenced=False, int64_t lac=-1, int64_t last_entry=-1):
         self.master_key = master_key
         self.fenced = fenced
         self.lac = lac
@@ -152,7 +152,7 @@ cdef class AddPath:
                 p = &buf[pos]
                 flen = frame_len(p, n - pos, REQ_HEADER, self.max_frame)
                 if flen < 0:
-                    if flen == -1:
+                    if flen == FRAME_INCOMPLETE:
                         break
                     return pos, FrameError(frame_error(flen, p, REQ_HEADER, self.max_frame))
                 plen = flen - REQ_HEADER
@@ -164,7 +164,9 @@ cdef class AddPath:
                         and get_u64(payload) == ledger_id and <int64_t>get_u64(payload + 8) == entry_id):
                     lid = ledger_id
                     found = PyDict_GetItem(self.ledgers, lid)
-                if found != NULL and type(<object>found) is LedgerState:
+                if found != NULL and type(<object>found) is not LedgerState:
+                    found = NULL
+                if found != NULL:
                     st = <LedgerState>found
                     if (PyBytes_GET_SIZE(st.master_key) != KEY_LEN
                             or memcmp(PyBytes_AS_STRING(st.master_key), p + 32, KEY_LEN) != 0
