@@ -510,3 +510,18 @@ def test_ack_sink_counts_ok_adds_in_c_and_reports_progress_once_per_buffer(loop)
     assert other == [((2, 0, "a"), ok(2, 0, Status.FENCED), ("error", int(Status.FENCED)))]
     pipe.expire(time.monotonic() + 120, lambda: "late")
     assert [o[0] for o in other[1:]] == [(3, 0, "a"), (3, 1, "b")] and all(o[2] == "late" for o in other[1:])
+
+
+def test_ack_sink_called_with_an_ok_response_acknowledges_it_too(loop) -> None:
+    """An OK response that reaches the sink as a plain callback (not through a pipe's C loop) is
+    acknowledged the same way: the tracker advances, on_progress runs, on_response does not."""
+    t = AddTracker(ensemble_size=1, write_quorum=1, ack_quorum=1)
+    other: list = []
+    progress: list = []
+    sink = AckSink(t, set(), lambda c, r, e: other.append(e), lambda: progress.append(t.lac))
+    fut = loop.create_future()
+    t.add(0, 5, fut, b"p", ["a"])
+    sink((0, 0, "z"), None, None)  # slot 0 went to "a": not counted
+    assert progress == [] and not fut.done()
+    sink((0, 0, "a"), None, None)
+    assert progress == [0] and fut.result() == 0 and other == []

@@ -499,14 +499,10 @@ class WriteHandle(ReadHandle):
         self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
                            self._add_callback, (entry_id, idx, bookie), self._bk.config.add_timeout_s)
 
-    def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple | None, err: BKError | None) -> None:
+    def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple | None, err: BKError) -> None:
+        """A failed add (an error status, a timeout, a lost connection): its AckSink acknowledges
+        OK responses itself."""
         entry_id, idx, bookie = ctx
-        if err is None:
-            # Counts only if the slot was not re-sent elsewhere since and the bookie is not being
-            # replaced (the entry is resent to its replacement); resolves acknowledged futures.
-            if self._tracker.ack_from(entry_id, idx, bookie, self._failed_bookies):
-                self._on_acks()
-            return
         if not self._tracker.is_current(entry_id, idx, bookie):
             return  # already settled, or from a bookie replaced since (resent elsewhere)
         if isinstance(err, LedgerFencedError):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bookkeeper._ext.journal import BLOCK_ALIGN, BLOCK_HEADER_BYTES, JournalBatch, scan_blocks
+from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
 from bookkeeper.bookie.files import fsync_dir, zero_fill
 from bookkeeper.bookie.journal.policy import flush_reason
 from bookkeeper.bookie.journal.syncer import Syncer
@@ -150,7 +150,7 @@ class Journal:
         spare, ready, flags = self._spare, False, 0
         pool = self.pool()
         if pool:
-            os.rename(pool[0], path)
+            os.rename(pool.pop(0), path)
             ready, flags = True, FLAG_REUSED
             self.stats["reused_rolls"] += 1
         elif spare is not None and spare.done():
@@ -182,7 +182,7 @@ class Journal:
         self._pos = BLOCK_ALIGN
         self._blocks_in_file = 0
         self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
-        if self._spare is None and not self.pool():  # the next roll has nothing written to take
+        if self._spare is None and not pool:  # the next roll has nothing written to take
             if self._filler is None:
                 self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
             self._spare = self._filler.submit(zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
@@ -331,8 +331,7 @@ class Journal:
         batch, items = self._batch, self._batch_items
         self._batch, self._batch_items = JournalBatch(self._free_buffer), []
         self._free_buffer = None
-        size = -(-(BLOCK_HEADER_BYTES + batch.nbytes) // BLOCK_ALIGN) * BLOCK_ALIGN
-        if self._pos + size > self._allocated and self._pos > BLOCK_ALIGN:
+        if self._pos + batch.sealed_bytes > self._allocated and self._pos > BLOCK_ALIGN:
             try:
                 self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
             except OSError as e:  # e.g. ENOSPC: this batch can never be durable; neither can later ones

@@ -33,6 +33,7 @@ from bookkeeper._ext.wire import FrameError
 _log = logging.getLogger("bookkeeper.client")
 
 cdef enum:
+    OP_ADD = 1
     ENTRY_HEADER = 32
     MAX_ENSEMBLE = 64
     READ_CHUNK = 64 * 1024         # the least free space offered to the transport per read
@@ -295,7 +296,6 @@ cdef class RequestPipe:
         cdef uint64_t rid
         cdef uint64_t generation = self._generation
         cdef AckSink sink
-        cdef tuple actx
         while pos < n:
             p = base + pos
             flen = frame_len(p, n - pos, RESP_HEADER, self._max_frame)
@@ -311,9 +311,8 @@ cdef class RequestPipe:
             callback, ctx, _, borrow, _ = <tuple>entry
             if type(callback) is AckSink and p[6] == 0 and p[7] == 0:  # an OK add: counted in C
                 sink = <AckSink>callback
-                actx = <tuple>ctx
                 try:
-                    if sink.tracker._ack_from(actx[0], actx[1], actx[2], sink.failed_bookies) and not sink.queued:
+                    if sink._ack(<tuple>ctx) and not sink.queued:
                         sink.queued = True
                         progressed.append(sink)
                 except Exception:
@@ -377,7 +376,8 @@ cdef class AckSink:
     acknowledge a run of entries (resolving their futures, in C): RequestPipe does that
     itself and calls on_progress() once per receive buffer in which some entry of this
     handle became acknowledged. Everything else (errors, timeouts, a lost connection)
-    calls the sink like any callback, and it hands that to on_response(ctx, resp, err).
+    calls the sink like any callback, and it hands that to on_response(ctx, resp, err); an
+    OK response reaching it that way is acknowledged here too (on_progress at once).
     ctx is (entry_id, ensemble slot, bookie) and failed_bookies the handle's own set.
     """
 
@@ -394,7 +394,16 @@ cdef class AckSink:
         self.on_progress = on_progress
         self.queued = False
 
+    cdef Py_ssize_t _ack(self, tuple ctx) except -1:
+        """An OK response for ctx: how many entries became acknowledged (the tracker ignores a
+        slot re-sent elsewhere since, or a bookie being replaced)."""
+        return self.tracker._ack_from(ctx[0], ctx[1], ctx[2], self.failed_bookies)
+
     def __call__(self, ctx, resp, err):
+        if err is None:
+            if self._ack(<tuple?>ctx):
+                self.on_progress()
+            return None
         return self.on_response(ctx, resp, err)
 
 
@@ -521,7 +530,7 @@ cdef class AddTracker:
             payload = _encode_entry(kind, mac_key, ledger_id, entry_id, piggyback_lac, <uint64_t>length, data)
             ws = self._add(entry_id, PyBytes_GET_SIZE(data), last_future if i == n - 1 else None, payload, ensemble)
             for idx in ws:
-                if (<RequestPipe?>pipes[idx])._send(1, flags, ledger_id, entry_id, key, 0, payload, sink,
+                if (<RequestPipe?>pipes[idx])._send(OP_ADD, flags, ledger_id, entry_id, key, 0, payload, sink,
                                                    (entry_id, idx, ensemble[idx]), timeout_s, False):
                     unconnected |= (<uint64_t>1) << <int>idx
         return length, [i for i in range(self.e) if unconnected >> i & 1]

@@ -107,6 +107,11 @@ cdef class JournalBatch:
         return 0
 
     @property
+    def sealed_bytes(self) -> int:
+        """The size of the block seal() would make now (header, records, padding)."""
+        return ((self._used + ALIGN - 1) // ALIGN) * ALIGN
+
+    @property
     def buffer(self) -> bytearray:
         """The underlying buffer, to hand to the next batch once this block is durable."""
         return self._buf
@@ -114,7 +119,7 @@ cdef class JournalBatch:
     def seal(self, uint64_t seq) -> memoryview:
         """The batch as one aligned block, ready to write; no record may be added after."""
         cdef Py_ssize_t plen = self._used - BLOCK_HEADER
-        cdef Py_ssize_t total = ((BLOCK_HEADER + plen + ALIGN - 1) // ALIGN) * ALIGN
+        cdef Py_ssize_t total = self.sealed_bytes
         if total > PyByteArray_GET_SIZE(self._buf):
             self._grow(total)
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf)
