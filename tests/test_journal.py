@@ -343,18 +343,55 @@ def test_syncer_reports_write_error_as_oserror(tmp_path: Path, kind: str) -> Non
     assert err.errno == errno.EBADF
 
 
-def test_completion_of_a_linked_write_and_sync() -> None:
-    """The decision table of one write + fdatasync CQE pair for an 8192-byte block."""
-    assert completion(8192, 0, 8192, 0) is None                       # whole, synced
-    assert completion(8192, 6000, 2192, 0) is None                    # the rest of a retried block
-    assert completion(8192, 0, 6000, -errno.ECANCELED) == 6000        # short: the rest goes again
-    assert completion(8192, 6000, 100, -errno.ECANCELED) == 6100      # shorter again: again
-    err = completion(8192, 6000, 0, -errno.ECANCELED)                 # no progress: no endless loop
+def test_completion_of_a_durable_write() -> None:
+    """The decision table of one O_DSYNC write's CQE for an 8192-byte block."""
+    assert completion(8192, 0, 8192) is None                       # whole, durable
+    assert completion(8192, 6000, 2192) is None                    # the rest of a retried block
+    assert completion(8192, 0, 6000) == 6000                       # short: the rest goes again
+    assert completion(8192, 6000, 100) == 6100                     # shorter again: again
+    err = completion(8192, 6000, 0)                                # no progress: no endless loop
     assert isinstance(err, OSError) and err.errno == errno.EIO and "no progress" in str(err)
-    err = completion(8192, 0, -errno.ENOSPC, -errno.ECANCELED)
+    err = completion(8192, 0, -errno.ENOSPC)
     assert isinstance(err, OSError) and err.errno == errno.ENOSPC and "write" in str(err)
-    err = completion(8192, 0, 8192, -errno.EIO)
-    assert isinstance(err, OSError) and err.errno == errno.EIO and "fdatasync" in str(err)
+    err = completion(8192, 6000, -errno.EIO)                       # the retry's sync failed
+    assert isinstance(err, OSError) and err.errno == errno.EIO
+
+
+def test_ring_reaps_each_write_by_token_and_its_fd_signals_completions(tmp_path: Path) -> None:
+    """The journal's ring (uring.pyx): three writes in flight come back from one or more reaps,
+    each with its token and byte count; the ring's fd is readable while completions wait and
+    not after they are reaped (the event loop watches it instead of an eventfd); an empty write
+    and a closed ring are refused, not submitted."""
+    import select
+
+    from bookkeeper._ext.uring import Ring
+
+    ring = Ring(8)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    blocks = [bytearray([i + 1]) * (4096 * (i + 1)) for i in range(3)]
+    views = [memoryview(b) for b in blocks]  # pinned until reaped, as UringSyncer does
+    try:
+        for i, view in enumerate(views):
+            ring.submit_write(fd, view, 4096 * 8 * i, 100 + i)
+        poller = select.poll()
+        poller.register(ring.fd, select.POLLIN)
+        done: dict[int, int] = {}
+        while len(done) < 3:
+            assert poller.poll(10_000), "the ring's fd never became readable"
+            done.update(ring.reap())
+        assert done == {100: 4096, 101: 8192, 102: 12288}
+        assert poller.poll(0) == [] and ring.reap() == []
+        with pytest.raises(ValueError, match="empty"):
+            ring.submit_write(fd, b"", 0, 1)
+        ring.close()
+        with pytest.raises(ValueError, match="closed"):
+            ring.submit_write(fd, views[0], 0, 1)
+        assert ring.reap() == []
+    finally:
+        ring.close()
+        os.close(fd)
+    data = (tmp_path / "f").read_bytes()
+    assert [data[4096 * 8 * i:4096 * 8 * i + len(b)] for i, b in enumerate(blocks)] == [bytes(b) for b in blocks]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from bookkeeper.testing.cluster import LocalCluster, free_port_block
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
-EXTENSIONS = ("wire", "journal", "client", "entrylog")
+EXTENSIONS = ("wire", "journal", "client", "entrylog", "shardpath", "uring")
 
 
 def test_wheel_holds_the_extensions_dependencies_extras_and_script(built_wheel: Path) -> None:

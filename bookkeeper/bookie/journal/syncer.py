@@ -2,10 +2,10 @@
 
 Lives in: one shard process, its event loop thread.
 
-io_uring: the block write and an fdatasync are submitted as linked SQEs
-(IOSQE_IO_LINK: the sync runs only if the write succeeded); completions raise an
-eventfd registered with the ring, which the event loop watches: no thread is
-involved. errno from a CQE becomes OSError here and nowhere else.
+io_uring: each block is one write SQE with RWF_DSYNC (the write completes once its
+bytes are durable, as a write + fdatasync would), submitted and reaped in Cython
+(ext/bookkeeper/_ext/uring.pyx); the event loop watches the ring's fd: no thread and no
+eventfd are involved. errno from a CQE becomes OSError here and nowhere else.
 
 python-liburing 2024.5.3 (the Cython build) is used: the 2026.x Zig wheels crash
 with SIGILL on CPUs without AVX-512 (see pyproject.toml). A crash like that cannot be
@@ -76,97 +76,66 @@ class ThreadSyncer:
 
 
 class UringSyncer:
-    """Linked write + fdatasync SQEs, completions via an eventfd on the event loop."""
+    """One O_DSYNC write SQE per block (ext/bookkeeper/_ext/uring.pyx); the event loop watches
+    the ring's fd, and a readable ring is reaped in one C call."""
 
     kind = "io_uring"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, entries: int = 64) -> None:
-        import liburing
-        import liburing.common as uring_common
-        import liburing.queue as uring_queue
+        from bookkeeper._ext.uring import Ring
 
-        self._u = liburing
-        self._link = int(uring_queue.__queue_define__.IOSQE_IO_LINK)
-        self._datasync = int(uring_common.__common_define__.IORING_FSYNC_DATASYNC)
         self._loop = loop
-        self._ring = liburing.io_uring()
-        liburing.io_uring_queue_init(entries, self._ring)
-        self._cqe = liburing.io_uring_cqe()
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        liburing.io_uring_register_eventfd(self._ring, self._efd)
-        self._next = 2  # even: the write; odd (+1): its fdatasync
-        # token -> [iovec, block (both kept alive), fd, offset, bytes written before, done, write result or None]
+        self._ring = Ring(entries)
+        self._next = 1
+        # token -> [view of the unwritten rest (pins a bytearray), block, fd, offset, bytes written before, done]
         self._inflight: dict[int, list] = {}
-        loop.add_reader(self._efd, self._on_ready)
+        loop.add_reader(self._ring.fd, self._on_ready)
 
     def submit(self, fd: int, buf: bytes | bytearray, offset: int, done: Done) -> None:
         self._submit(fd, buf, offset, 0, done)
 
     def _submit(self, fd: int, buf: bytes | bytearray, offset: int, written: int, done: Done) -> None:
-        """The write of buf[written:] at offset + written, linked to an fdatasync."""
-        u = self._u
+        """The durable write of buf[written:] at offset + written."""
         token = self._next
-        self._next += 2
-        part = memoryview(buf)[written:] if written else buf
-        iov = u.iovec(part)
-        self._inflight[token] = [iov, buf, fd, offset, written, done, None]
-        offset += written
-        sqe = u.io_uring_get_sqe(self._ring)
-        u.io_uring_prep_writev(sqe, fd, iov, 1, offset)
-        u.io_uring_sqe_set_flags(sqe, self._link)
-        u.io_uring_sqe_set_data64(sqe, token)
-        sqe = u.io_uring_get_sqe(self._ring)
-        u.io_uring_prep_fsync(sqe, fd, self._datasync)
-        u.io_uring_sqe_set_data64(sqe, token + 1)
-        u.io_uring_submit(self._ring)
+        self._next += 1
+        view = memoryview(buf)[written:]
+        self._inflight[token] = [view, buf, fd, offset, written, done]
+        try:
+            self._ring.submit_write(fd, view, offset + written, token)
+        except OSError as e:
+            del self._inflight[token]
+            view.release()
+            done(e)
 
     def _on_ready(self) -> None:
-        u = self._u
-        try:
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
-        ready = u.io_uring_cq_ready(self._ring)
-        for _ in range(ready):
-            u.io_uring_peek_cqe(self._ring, self._cqe)
-            cqe = self._cqe[0]
-            data, res = cqe.user_data, cqe.res
-            u.io_uring_cq_advance(self._ring, 1)
-            token = data & ~1
-            rec = self._inflight.get(token)
+        for token, res in self._ring.reap():
+            rec = self._inflight.pop(token, None)
             if rec is None:
                 continue
-            if data & 1 == 0:  # the write
-                rec[6] = res
-                continue
-            del self._inflight[token]
-            _, buf, fd, offset, written, done, wres = rec
-            step = completion(len(buf), written, wres, res)
+            view, buf, fd, offset, written, done = rec
+            view.release()
+            step = completion(len(buf), written, res)
             if isinstance(step, int):
-                self._submit(fd, buf, offset, step, done)  # short write: the rest, and its sync again
+                self._submit(fd, buf, offset, step, done)  # short write: the rest, synced too
             else:
                 done(step)
 
     def close(self) -> None:
-        self._loop.remove_reader(self._efd)
-        self._u.io_uring_queue_exit(self._ring)
-        os.close(self._efd)
+        self._loop.remove_reader(self._ring.fd)
+        self._ring.close()
 
 
-def completion(size: int, written: int, wres: int | None, sres: int) -> int | OSError | None:
-    """What the CQEs of one linked write + fdatasync mean for a block of `size` bytes of which
-    `written` were already written: an int, how many are written now (a short write: submit
-    the rest again; the kernel cancels the linked sync of a short write, so its result is
-    moot); None, durable; or the OSError to report. A write that made no progress is EIO, so
+def completion(size: int, written: int, res: int) -> int | OSError | None:
+    """What the CQE of one O_DSYNC write means for a block of `size` bytes of which `written`
+    were already durable: an int, how many are written now (a short write: submit the rest
+    again); None, durable; or the OSError to report. A write that made no progress is EIO, so
     a device that keeps refusing cannot loop forever."""
-    if wres is not None and wres < 0:
-        return OSError(-wres, f"journal write: {os.strerror(-wres)}")
-    if wres is not None and written + wres < size:
-        if wres == 0:
+    if res < 0:
+        return OSError(-res, f"journal write (O_DSYNC): {os.strerror(-res)}")
+    if written + res < size:
+        if res == 0:
             return OSError(errno.EIO, f"journal write made no progress at byte {written} of {size}")
-        return written + wres
-    if sres < 0:
-        return OSError(-sres, f"journal fdatasync: {os.strerror(-sres)}")
+        return written + res
     return None
 
 
