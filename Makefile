@@ -14,6 +14,10 @@ PYTHON_EXE := $(shell p=$(PYTHON); if $$p -c '' 2>/dev/null; then $$p -c 'import
 	[ -n "$$v" ] && PYENV_VERSION=$$v pyenv which $$p; fi)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist, whole modules per worker: a module's cluster stays in one
+# process). Most tests wait on real processes, timers and disks, so two workers on two cores
+# overlap those waits.
+TEST_WORKERS ?= 2
 EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
 LOADTEST_DIR := loadtest-out
@@ -24,7 +28,7 @@ run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 setup: system-deps venv build
 

@@ -7,6 +7,7 @@ with `make_cluster` and it is stopped (by pid) when the test ends.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import subprocess
 import sys
@@ -53,16 +54,29 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         c.stop()
 
 
+def shared_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory that every pytest-xdist worker of this run sees (the run's base temp dir),
+    or this session's base temp dir when there are no workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's wheel, built once per session as a user would (`pip wheel .`: pip's isolated
-    build environment gets setuptools and Cython from pyproject.toml), reproducibly
-    (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-                   check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
-                   stdin=subprocess.DEVNULL)
-    (wheel,) = out.glob("bookkeeper_py-*.whl")
+    """The project's wheel, built once per test run as a user would (`pip wheel .`: pip's isolated
+    build environment gets setuptools, Cython and liburing from pyproject.toml), reproducibly
+    (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare).
+    Under xdist the first worker that needs it builds it and the others wait for that one
+    (a file lock): a build is ~90 s of CPU on a 2-core machine."""
+    out = shared_tmp_dir(tmp_path_factory) / "wheel"
+    out.mkdir(exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("bookkeeper_py-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+                           check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+                           stdin=subprocess.DEVNULL)
+        (wheel,) = out.glob("bookkeeper_py-*.whl")
     return wheel
 
 

@@ -249,6 +249,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> I
         assert not dep.supervisord_conf.exists() and not (base / "bookie1").exists(), sorted(base.rglob("*"))[:20]
 
 
+# Its set-up is the module's deployment: the wheel's build (when this test is the first to need
+# it) and a site.yml run of up to PLAYBOOK_TIMEOUT_S, more than the suite's 300 s per test.
+@pytest.mark.timeout(PLAYBOOK_TIMEOUT_S + 360)
 def test_site_deploys_zookeeper_and_three_bookies_and_simpletest_passes(deployment: Deployment) -> None:
     """site.yml deploys ZooKeeper + 3 bookies from the wheel; `bk simpletest` (3/2/2) passes."""
     print(f"first site.yml run: {deployment.first_run_s:.1f}s")

@@ -50,10 +50,18 @@ def free_port_block(count: int = 1) -> int:
     """A base port with `count` consecutive free loopback ports, below the ephemeral range.
 
     Why below it: a port picked from the ephemeral range can be taken by any outgoing
-    connection (a ZooKeeper client, say) between the pick and the server's bind.
+    connection (a ZooKeeper client, say) between the pick and the server's bind. Under
+    pytest-xdist each worker picks from its own slice of the range: two workers could
+    otherwise both find a block free and race to bind it (a bookie binds a second after
+    its pick).
     """
-    lo = 10_000
-    hi = _ephemeral_range()[0] - count
+    lo, hi = 10_000, _ephemeral_range()[0]
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and workers > 1:
+        width = (hi - lo) // workers
+        lo += width * int(worker[2:])
+        hi = lo + width
+    hi -= count
     rng = random.Random()
     for _ in range(500):
         base = rng.randrange(lo, hi)
