@@ -87,6 +87,12 @@ cdef class Ring:
         return done
 
     def close(self) -> None:
+        """Unmap the ring and close its fd; reap returns nothing after this."""
         if self._open:
+            self._open = False
+            io_uring_queue_exit(self._ring)
+
+    def __dealloc__(self) -> None:
+        if self._open:  # not closed by its owner: the ring's fd and mappings are not left behind
             self._open = False
             io_uring_queue_exit(self._ring)
