@@ -172,6 +172,22 @@ class LocalBookie:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def wait_shard_replaced(self, shard_index: int, old_pid: int, timeout_s: float = 60.0) -> int:
+        """Until a process other than old_pid runs as shard `shard_index`; returns its pid. Why
+        not just wait for the port: kill -9 is asynchronous, and a killed shard on a loaded
+        machine may still accept a connection before it is gone."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                pid = self.shard_pid(shard_index)
+                if pid != old_pid:
+                    return pid
+            except RuntimeError:
+                pass  # between the old one's exit and the new one's exec
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shard {shard_index} of {self.bookie_id} was not restarted:\n{self.log_tail()}")
+            time.sleep(0.05)
+
     def shard_pid(self, shard_index: int) -> int:
         for pid in self.shard_pids():
             try:
