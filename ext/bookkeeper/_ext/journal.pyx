@@ -56,6 +56,12 @@ cdef uint32_t _block_crc(const uint8_t* hdr, const uint8_t* payload, Py_ssize_t 
     return _crc32c.crc32c(<const uint8_t[:plen]>payload, crc)
 
 
+cdef inline Py_ssize_t _sealed_size(Py_ssize_t used) noexcept:
+    """A block of `used` bytes (header and records) padded to ALIGN: seal()'s size, and what
+    the journal checks against the room left in its file before sealing."""
+    return ((used + ALIGN - 1) // ALIGN) * ALIGN
+
+
 cdef class JournalBatch:
     """Records of one group commit, appended into one buffer (per shard, loop thread only).
 
@@ -109,7 +115,7 @@ cdef class JournalBatch:
     @property
     def sealed_bytes(self) -> int:
         """The size of the block seal() would make now (header, records, padding)."""
-        return ((self._used + ALIGN - 1) // ALIGN) * ALIGN
+        return _sealed_size(self._used)
 
     @property
     def buffer(self) -> bytearray:
@@ -119,7 +125,7 @@ cdef class JournalBatch:
     def seal(self, uint64_t seq) -> memoryview:
         """The batch as one aligned block, ready to write; no record may be added after."""
         cdef Py_ssize_t plen = self._used - BLOCK_HEADER
-        cdef Py_ssize_t total = self.sealed_bytes
+        cdef Py_ssize_t total = _sealed_size(self._used)
         if total > PyByteArray_GET_SIZE(self._buf):
             self._grow(total)
         cdef uint8_t* o = <uint8_t*>PyByteArray_AS_STRING(self._buf)
