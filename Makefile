@@ -16,7 +16,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist, whole modules per worker: a module's cluster stays in one
 # process). Most tests wait on real processes, timers and disks, so two workers on two cores
-# overlap those waits.
+# overlap those waits. Modules are handed out in collection order, which tests/conftest.py
+# makes longest first (the `runtime` marker).
 TEST_WORKERS ?= 2
 EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
@@ -28,7 +29,7 @@ run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
 
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 setup: system-deps venv build
 

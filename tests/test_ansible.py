@@ -34,7 +34,7 @@ from bookkeeper.config import BookieConfig
 from bookkeeper.testing.cluster import children_of, free_port_block
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.runtime(340)]
 
 ANSIBLE_DIR = REPO / "ansible"
 VENV_BIN = Path(sys.executable).parent

@@ -45,6 +45,8 @@ from bookkeeper.proto import Op
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster, free_port_block
 from tests.conftest import run
 
+pytestmark = pytest.mark.runtime(50)
+
 REPO = Path(__file__).resolve().parents[1]
 DELAY_S = 3.0
 GRACE_S = 5.0

@@ -20,6 +20,8 @@ from bookkeeper.config import BookieConfig
 from bookkeeper.errors import ConfigError
 from bookkeeper.testing.cluster import LocalCluster
 
+pytestmark = pytest.mark.runtime(60)
+
 
 def _run_bookie_once(conf_path, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "bookie", "--conf", str(conf_path)],

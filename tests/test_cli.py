@@ -25,6 +25,8 @@ from bookkeeper import BookKeeper, DigestType
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
+pytestmark = pytest.mark.runtime(45)
+
 REPO = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT_S = 60
 # what a logging record looks like: a timestamp, or a level name as a word of its own

@@ -13,6 +13,8 @@ import os
 from collections import deque
 from collections.abc import Callable
 
+import pytest
+
 from bookkeeper import BookKeeper, errors
 from bookkeeper._ext.journal import REC_ADD, JournalBatch, scan_blocks
 from bookkeeper.client.digest import DigestManager
@@ -20,6 +22,8 @@ from bookkeeper.meta.ledger_metadata import DigestType
 from bookkeeper.proto import Op, shard_for_ledger
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
 from tests.conftest import run
+
+pytestmark = pytest.mark.runtime(55)
 
 NO_CHECKPOINT = {"checkpoint_interval_s": 3600.0, "write_cache_max_bytes": 1 << 30}
 PASSWORD = b"durable"

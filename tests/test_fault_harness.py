@@ -27,6 +27,8 @@ from bookkeeper.testing.faults import (
 )
 from tests.conftest import run
 
+pytestmark = pytest.mark.runtime(350)
+
 BOOKIES = 6
 SESSION_TIMEOUT_MS = 4000
 SEEDS = [101, 202]  # the seeds of issue 10 that ran writers out of replacement bookies

@@ -20,6 +20,8 @@ from bookkeeper.meta.ledger_metadata import LedgerState
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
+pytestmark = pytest.mark.runtime(50)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,7 +20,7 @@ import pytest
 from bookkeeper.testing.cluster import LocalCluster, free_port_block
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.runtime(50)]
 LOCUST = str(Path(sys.executable).parent / "locust")
 LOCUSTFILE = str(REPO / "loadtest" / "locustfile.py")
 NAMES = ("add_entry", "read", "tail", "create_ledger", "close")

@@ -20,7 +20,7 @@ import pytest
 from bookkeeper.testing.cluster import LocalCluster, free_port_block
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.runtime(45)]
 EXTENSIONS = ("wire", "journal", "client", "entrylog", "shardpath", "uring")
 
 

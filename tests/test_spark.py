@@ -23,7 +23,7 @@ from bookkeeper.stream import Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.runtime(185)]
 PASSWORD = b"spark"
 
 

@@ -28,7 +28,7 @@ from bookkeeper.stream import Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.test_cli import CLI_TIMEOUT_S, REPO, Result, assert_ok, assert_one_line_error
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.runtime(40)]
 
 SEGMENT_RECORDS = 5
 # 27 records: plain lines, multi-byte UTF-8, bytes that are not UTF-8, an empty line, and a
