@@ -13,6 +13,7 @@ supervisor explicitly, so that they never install units into the host's systemd.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -34,11 +35,12 @@ from bookkeeper.config import BookieConfig
 from bookkeeper.testing.cluster import children_of, free_port_block
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.runtime(340)]
-
 ANSIBLE_DIR = REPO / "ansible"
 VENV_BIN = Path(sys.executable).parent
-PLAYBOOK_TIMEOUT_S = 240
+# A hang guard, not a performance bound: a first site.yml takes ~100 s alone on two cores and
+# over 240 s beside the fault harness under `make test`'s two workers.
+PLAYBOOK_TIMEOUT_S = 480
+pytestmark = [pytest.mark.slow, pytest.mark.runtime(340), pytest.mark.timeout(PLAYBOOK_TIMEOUT_S + 120)]
 BOOKIES = ("bookie1", "bookie2", "bookie3")
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
@@ -123,6 +125,45 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert verify.returncode == 0 and not (verify.stdout + verify.stderr).strip(), verify.stdout + verify.stderr
     assert f"ExecStart={bk} bookie --conf /etc/bookkeeper/bookie.toml" in (tmp_path / "bookie.service").read_text()
+
+
+def test_debian_packages_asks_apt_only_for_what_dpkg_lacks(tmp_path: Path) -> None:
+    """The debian_packages role leaves apt alone when dpkg lists every package installed, and
+    hands apt exactly the missing ones otherwise (an unknown name: apt fails naming it alone)."""
+    play = tmp_path / "packages.yml"
+    play.write_text(f"""---
+- name: Packages
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Install the packages
+      ansible.builtin.include_role:
+        name: {ANSIBLE_DIR}/roles/debian_packages
+      vars:
+        debian_packages_names: "{{{{ wanted }}}}"
+""")
+    missing = "bookkeeper-py-no-such-package"
+
+    def run(wanted: list[str], verbosity: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [_tool("ansible-playbook"), "-i", "localhost,", "-c", "local", verbosity,
+             "-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps({"wanted": wanted}),
+             str(play)], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_ansible_env(),
+            stdin=subprocess.DEVNULL)
+
+    present = run(["supervisor"], "-v")
+    assert present.returncode == 0, present.stdout[-4000:] + present.stderr[-2000:]
+    apt_task = present.stdout[present.stdout.index("Install the packages dpkg does not have]"):]
+    assert apt_task.split("\n")[1].startswith("skipping: [localhost]"), apt_task[:500]
+
+    # -vvv: a failed result is printed as JSON with the module's arguments (its invocation).
+    absent = run(["supervisor", missing], "-vvv")
+    assert absent.returncode != 0
+    head = "fatal: [localhost]: FAILED! => "
+    start = absent.stdout.index(head) + len(head)
+    result = json.loads(absent.stdout[start:absent.stdout.index("\n}\n", start) + 2])
+    assert result["invocation"]["module_args"]["name"] == [missing], result
+    assert f"No package matching '{missing}'" in result["msg"], result
 
 
 # -- the local deployment -----------------------------------------------------------
@@ -348,3 +389,4 @@ def test_changed_variable_restarts_only_that_bookie(deployment: Deployment, tmp_
     assert {k: v for k, v in after.items() if k != "bk-local-bookie2"} == \
         {k: v for k, v in before.items() if k != "bk-local-bookie2"}
     assert "gc_interval_s = 30.0\n" in (deployment.base / "bookie2" / "bookie.toml").read_text()
+

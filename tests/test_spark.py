@@ -25,6 +25,7 @@ from tests.conftest import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.runtime(185)]
 PASSWORD = b"spark"
+BIG = 10_000  # entries of the one big ledger: 4 partitions at max_entries_per_partition=3000
 
 
 @dataclass
@@ -54,14 +55,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def written(cluster: LocalCluster) -> Written:
-    """20 closed ledgers: 10 at 3/2/2 (one of 100,000 entries), 10 at 1/1/1, 40-2,000 entries each."""
+    """20 closed ledgers: 10 at 3/2/2 (one of 10,000 entries), 10 at 1/1/1, 40-2,000 entries each."""
     async def write() -> Written:
         closed: dict[int, tuple[int, int]] = {}
         small, replicated = [], []
         async with await BookKeeper.connect(cluster.metadata_uri, max_outstanding_adds=200_000) as bk:
             for i in range(20):
                 e, w, a = (3, 2, 2) if i < 10 else (1, 1, 1)
-                n = 100_000 if i == 0 else 40 + 100 * i
+                n = BIG if i == 0 else 40 + 100 * i
                 lh = await bk.create_ledger(ensemble=e, write_quorum=w, ack_quorum=a, password=PASSWORD)
                 datas = [payload(lh.ledger_id, k, 100 if i == 0 else 20 + k % 200) for k in range(n)]
                 futs = [lh.add_entry_async(d) for d in datas]
@@ -91,15 +92,15 @@ def per_ledger(df: Any) -> dict[int, tuple[int, int]]:
 
 def test_bulk_read_of_twenty_ledgers_equals_what_was_written(spark, cluster, written: Written) -> None:
     """Ids and ranges select the ledgers; every row comes back once (count and CRC sum per ledger);
-    the 100,000-entry ledger is split into max_entries_per_partition ranges, the rest one each."""
+    the 10,000-entry ledger is split into max_entries_per_partition ranges, the rest one each."""
     ids = sorted(written.closed)
     df = read_ledgers(spark, cluster, f"{ids[0]}-{ids[9]},{ids[10]},{ids[11]}-{ids[-1] + 1000}",
-                      max_entries_per_partition="30000")
+                      max_entries_per_partition="3000")
     assert df.columns == ["ledger_id", "entry_id", "data"]
     assert df.rdd.getNumPartitions() == 4 + 19
     assert per_ledger(df) == written.closed
-    first = df.where(f"ledger_id = {written.big} and entry_id in (0, 99999)").orderBy("entry_id").collect()
-    assert [r["data"] for r in first] == [payload(written.big, 0, 100), payload(written.big, 99_999, 100)]
+    first = df.where(f"ledger_id = {written.big} and entry_id in (0, {BIG - 1})").orderBy("entry_id").collect()
+    assert [r["data"] for r in first] == [payload(written.big, 0, 100), payload(written.big, BIG - 1, 100)]
 
 
 def test_pushed_down_id_filters_plan_only_what_they_select(spark, cluster, written: Written) -> None:
@@ -109,7 +110,7 @@ def test_pushed_down_id_filters_plan_only_what_they_select(spark, cluster, writt
     ids = sorted(written.closed)
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     try:
-        df = read_ledgers(spark, cluster, f"{ids[0]}-{ids[-1]}", max_entries_per_partition="30000",
+        df = read_ledgers(spark, cluster, f"{ids[0]}-{ids[-1]}", max_entries_per_partition="3000",
                           pushdown_filters="true")
         assert df.rdd.getNumPartitions() == 23
         sel = df.where(f"ledger_id = {written.big} and entry_id >= 2000 and entry_id < 3000")
