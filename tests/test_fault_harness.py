@@ -35,10 +35,7 @@ SEEDS = [101, 202]  # the seeds of issue 10 that ran writers out of replacement 
 QUORUMS = [(3, 2, 2), (3, 3, 2), (5, 3, 2)]
 DURATION_S = 15.0
 FAULTS_PER_RUN = 7  # every kind once (the kill and the restart overlapping where survivable), 2 more
-# Paced: a 2-core machine keeps CPU for the restarts the stream rides through. Faults meet a
-# full window either way (an add timeout at this rate outlasts 200 outstanding adds); 3000/s
-# cost the suite ~45 CPU-seconds more and covered nothing more.
-RATE_PER_S = 1500
+RATE_PER_S = 3000  # paced: a 2-core machine keeps CPU for the restarts the stream rides through
 
 
 @pytest.fixture(scope="module")
