@@ -12,6 +12,7 @@ import random
 import socket
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,11 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+# Ports free_port_block handed out in this process (never handed out twice).
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port_block(count: int = 1) -> int:
     """A base port with `count` consecutive free loopback ports, below the ephemeral range.
 
@@ -53,7 +59,10 @@ def free_port_block(count: int = 1) -> int:
     connection (a ZooKeeper client, say) between the pick and the server's bind. Under
     pytest-xdist each worker picks from its own slice of the range: two workers could
     otherwise both find a block free and race to bind it (a bookie binds a second after
-    its pick).
+    its pick). Within one process a port is handed out once: a cluster picks every
+    bookie's block before any bookie binds, so two picks could otherwise overlap (seen:
+    one bookie's block 12920-12921, the next one's 12921-12922, and a shard that could
+    not bind).
     """
     lo, hi = 10_000, _ephemeral_range()[0]
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -63,18 +72,23 @@ def free_port_block(count: int = 1) -> int:
         hi = lo + width
     hi -= count
     rng = random.Random()
-    for _ in range(500):
-        base = rng.randrange(lo, hi)
-        ok = True
-        for p in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
+    with _HANDED_OUT_LOCK:
+        for _ in range(500):
+            base = rng.randrange(lo, hi)
+            block = range(base, base + count)
+            if any(p in _HANDED_OUT for p in block):
+                continue
+            ok = True
+            for p in block:
+                with socket.socket() as s:
+                    try:
+                        s.bind(("127.0.0.1", p))
+                    except OSError:
+                        ok = False
+                        break
+            if ok:
+                _HANDED_OUT.update(block)
+                return base
     raise RuntimeError("no block of free loopback ports")
 
 
