@@ -142,7 +142,10 @@ def call(coro):
         done.acquire()
         fut = asyncio.run_coroutine_threadsafe(coro, bridge.loop)
         fut.add_done_callback(lambda f: done.release())
-        done.acquire()
+        # Blocks the thread for as long as the add takes; every 0.5 s it lets the hub run once,
+        # so an add that needs a greenlet (a patched kazoo or executor thread) cannot deadlock it.
+        while not done.acquire(timeout=0.5):
+            gevent.sleep(0)
         return fut.result()
     return bridge.call(coro)
 
