@@ -389,4 +389,3 @@ def test_changed_variable_restarts_only_that_bookie(deployment: Deployment, tmp_
     assert {k: v for k, v in after.items() if k != "bk-local-bookie2"} == \
         {k: v for k, v in before.items() if k != "bk-local-bookie2"}
     assert "gc_interval_s = 30.0\n" in (deployment.base / "bookie2" / "bookie.toml").read_text()
-

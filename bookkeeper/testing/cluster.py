@@ -52,6 +52,15 @@ _HANDED_OUT: set[int] = set()
 _HANDED_OUT_LOCK = threading.Lock()
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port_block(count: int = 1) -> int:
     """A base port with `count` consecutive free loopback ports, below the ephemeral range.
 
@@ -76,19 +85,10 @@ def free_port_block(count: int = 1) -> int:
         for _ in range(500):
             base = rng.randrange(lo, hi)
             block = range(base, base + count)
-            if any(p in _HANDED_OUT for p in block):
+            if not _HANDED_OUT.isdisjoint(block) or not all(_bindable(p) for p in block):
                 continue
-            ok = True
-            for p in block:
-                with socket.socket() as s:
-                    try:
-                        s.bind(("127.0.0.1", p))
-                    except OSError:
-                        ok = False
-                        break
-            if ok:
-                _HANDED_OUT.update(block)
-                return base
+            _HANDED_OUT.update(block)
+            return base
     raise RuntimeError("no block of free loopback ports")
 
 
