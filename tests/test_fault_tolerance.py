@@ -235,6 +235,51 @@ def test_reads_of_a_closed_ledger_survive_a_hung_bookie(cluster) -> None:
     run(main())
 
 
+def test_a_hung_bookie_is_replaced_although_the_others_ack_without_it(cluster) -> None:
+    """3/3/2: with a bookie of the ensemble hung, every entry is acknowledged by the other two
+    before the hung one's add times out. The timeout must still replace it (as Apache BookKeeper
+    does at the first failed write, acknowledged or not), or the writer keeps Qw - 1 copies of
+    every entry and meets the next failure without a spare. The writer never errs and every
+    entry reads back."""
+    _heal(cluster)
+
+    async def writer(lh, acked: list[int], stop: asyncio.Event) -> None:  # noqa: ANN001
+        i = 0
+        while not stop.is_set():
+            acked.extend(await asyncio.gather(*(lh.add_entry_async(b"g%d" % (i + k)) for k in range(20))))
+            i += 20
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri, placement="random", add_timeout_s=1.0) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"g")
+            acked: list[int] = []
+            stop = asyncio.Event()
+            task = asyncio.create_task(writer(lh, acked, stop))
+            await until(lambda: len(acked) >= 100, task)
+            hung_id = lh.metadata.last_ensemble[1]
+            hung = next(b for b in cluster.bookies if b.bookie_id == hung_id)
+            hung.hang()
+            try:
+                await until(lambda: hung_id not in lh.metadata.last_ensemble, task, timeout_s=20.0)
+                count = len(acked)
+                await until(lambda: len(acked) > count + 100, task)
+                stop.set()
+                await task
+            finally:
+                hung.resume()
+            await lh.close()
+            assert acked == list(range(len(acked)))
+            assert bk.stats["ensemble_changes"] == 1, bk.stats["ensemble_changes"]
+            assert len(lh.metadata.ensembles) == 2 and hung_id not in lh.metadata.last_ensemble
+            rh = await bk.open_ledger(lh.ledger_id, password=b"g")
+            assert [e.data for e in await rh.read(0, len(acked) - 1)] == [b"g%d" % i for i in range(len(acked))]
+    try:
+        run(main())
+    finally:
+        _heal(cluster)
+
+
 WRITER = r"""
 import asyncio, json, sys, uvloop
 from bookkeeper import BookKeeper

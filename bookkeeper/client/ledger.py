@@ -504,22 +504,43 @@ class WriteHandle(ReadHandle):
         OK responses itself."""
         entry_id, idx, bookie = ctx
         if not self._tracker.is_current(entry_id, idx, bookie):
+            if err.retriable and self._still_writing_to(entry_id, idx, bookie):
+                self._replace_bookie(bookie, entry_id, err)
             return  # already settled, or from a bookie replaced since (resent elsewhere)
         if isinstance(err, LedgerFencedError):
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced: a recovery open took it over"))
         elif err.retriable:
             self._tracker.fail(entry_id, idx)
-            self._bk.health.penalize(bookie)
-            self._bk.quarantine.penalize(bookie)
-            if bookie not in self._failed_bookies:
-                log.info("ledger %d: bookie %s failed on entry %d (%s): replacing it", self.ledger_id, bookie,
-                         entry_id, err)
-            self._failed_bookies.add(bookie)
-            if self._changing is None or self._changing.done():
-                self._changing = self._loop.create_task(self._change_ensemble())
-                self._changing.add_done_callback(self._change_done)
+            self._replace_bookie(bookie, entry_id, err)
         else:
             self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
+
+    def _still_writing_to(self, entry_id: int, idx: int, bookie: str) -> bool:
+        """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
+        replace it: the entry was sent under the current segment and the bookie still holds
+        slot idx of it, so every new entry goes to it too.
+
+        Why: Apache BookKeeper replaces a bookie at its first failed write, acknowledged or not.
+        Ignoring it leaves a dead or hung bookie in the ensemble, every later entry with Qw - 1
+        copies, and its replacement for the day a second bookie fails too, when one spare is
+        no longer enough for both.
+        """
+        if self._error is not None or self._closing or self.metadata.state is not self._writable_state:
+            return False
+        first, ensemble, _, _ = self._current_segment()
+        return entry_id >= first and ensemble[idx] == bookie
+
+    def _replace_bookie(self, bookie: str, entry_id: int, err: BKError) -> None:
+        """Count bookie failed (health, quarantine) and start an ensemble change unless one runs."""
+        self._bk.health.penalize(bookie)
+        self._bk.quarantine.penalize(bookie)
+        if bookie not in self._failed_bookies:
+            log.info("ledger %d: bookie %s failed on entry %d (%s): replacing it", self.ledger_id, bookie,
+                     entry_id, err)
+        self._failed_bookies.add(bookie)
+        if self._changing is None or self._changing.done():
+            self._changing = self._loop.create_task(self._change_ensemble())
+            self._changing.add_done_callback(self._change_done)
 
     def _on_acks(self) -> None:
         """Entries became acknowledged (their futures are resolved already, in C)."""
@@ -571,14 +592,15 @@ class WriteHandle(ReadHandle):
         while self._error is None:
             md = self.metadata
             start = self._tracker.lac + 1
-            if not any(b in self._failed_bookies for e in self._tracker.pending_ids()
-                       for b in self._tracker.sent_to(e)):
-                # Replaced: no outstanding entry waits on a failed bookie any more. Forget them
-                # here (the client's quarantine still keeps them out of new placements for a
-                # while), or a handle that lives through many restarts runs out of bookies.
+            base = md.ensemble_for(start)
+            if self._failed_bookies.isdisjoint(base) and not any(
+                    b in self._failed_bookies for e in self._tracker.pending_ids() for b in self._tracker.sent_to(e)):
+                # Replaced: neither new entries nor outstanding ones go to a failed bookie any
+                # more. Forget them here (the client's quarantine still keeps them out of new
+                # placements for a while), or a handle that lives through many restarts runs
+                # out of bookies.
                 self._failed_bookies.clear()
                 return
-            base = md.ensemble_for(start)
             slots = [i for i, b in enumerate(base) if b in self._failed_bookies]
             try:
                 new_ensemble = await self._bk.replacement_ensemble(md, base, slots, self._failed_bookies)
