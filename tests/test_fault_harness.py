@@ -35,7 +35,7 @@ SEEDS = [101, 202]  # the seeds of issue 10 that ran writers out of replacement 
 QUORUMS = [(3, 2, 2), (3, 3, 2), (5, 3, 2)]
 DURATION_S = 15.0
 FAULTS_PER_RUN = 7  # every kind once (the kill and the restart overlapping where survivable), 2 more
-RATE_PER_S = 3000  # paced: a 2-core machine keeps CPU for the restarts the stream rides through
+RATE_PER_S = 1500  # paced: a 2-core machine keeps CPU for the restarts the stream rides through
 
 
 @pytest.fixture(scope="module")
