@@ -15,10 +15,11 @@ PYTHON_EXE := $(shell p=$(PYTHON); if $$p -c '' 2>/dev/null; then $$p -c 'import
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist, whole modules per worker: a module's cluster stays in one
-# process). Most tests wait on real processes, timers and disks, so two workers on two cores
-# overlap those waits. Modules are handed out in collection order, which tests/conftest.py
-# makes longest first (the `runtime` marker).
-TEST_WORKERS ?= 2
+# process). Most tests wait on real processes, timers and disks: with two workers on two
+# cores ~0.3 of a core stayed idle, mostly while the Ansible deployment (the longest module)
+# ran beside modules that wait; a third worker fills that. Modules are handed out in
+# collection order, which tests/conftest.py makes longest first (the `runtime` marker).
+TEST_WORKERS ?= 3
 EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
 LOADTEST_DIR := loadtest-out

@@ -1,5 +1,7 @@
 """`bk bench` runs and prints one JSON object with the keys API.md fixes (figures are printed,
-never asserted: timing goals live in docs/performance.md, not in tests)."""
+never asserted: timing goals live in docs/performance.md, not in tests). Runs are a second or
+two: a bench keeps both cores busy for as long as it measures, and these tests check what it
+prints, not the figures."""
 from __future__ import annotations
 
 import json
@@ -27,15 +29,15 @@ def bench(*args: str, tmp: Path) -> dict:
 
 
 def test_bench_limits_and_journal_print_json(tmp_path: Path) -> None:
-    limits = bench("limits", "--seconds", "2", tmp=tmp_path)
+    limits = bench("limits", "--seconds", "1", tmp=tmp_path)
     assert len(limits["results"]) == 4
-    journal = bench("journal", "--seconds", "2", "--size", "100", "--sync", "thread", tmp=tmp_path)
+    journal = bench("journal", "--seconds", "1", "--size", "100", "--sync", "thread", tmp=tmp_path)
     assert journal["results"][0]["sync"] == "thread" and journal["results"][0]["entries_per_fsync"] >= 1
 
 
 def test_bench_bookie_in_shard_reports_each_shard(tmp_path: Path) -> None:
     """--in-shard drives each pinned shard's storage path with no network; one figure per shard."""
-    doc = bench("bookie", "--in-shard", "--shards", "2", "--window", "200", "--seconds", "2", tmp=tmp_path)
+    doc = bench("bookie", "--in-shard", "--shards", "2", "--window", "200", "--seconds", "1", tmp=tmp_path)
     assert len(doc["per_shard_ops_per_s"]) == 2 and all(x > 0 for x in doc["per_shard_ops_per_s"])
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
 
@@ -43,7 +45,7 @@ def test_bench_bookie_in_shard_reports_each_shard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [["bookie", "--shards", "1", "--window", "50"], ["cluster", "--window", "50"],
                                   ["read", "--entries", "2000"]], ids=["bookie", "cluster", "read"])
 def test_bench_over_real_bookies_prints_json_and_rss(tmp_path: Path, args: list[str]) -> None:
-    doc = bench(*args, "--seconds", "3", tmp=tmp_path)
+    doc = bench(*args, "--seconds", "1.5", tmp=tmp_path)
     assert any("shard" in k for k in doc["peak_rss_mb"])
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
 
@@ -75,7 +77,7 @@ def test_bench_client_refuses_the_raw_driver(tmp_path: Path) -> None:
 def test_bench_stream_reports_records_and_the_ratio_to_a_ledger(tmp_path: Path) -> None:
     """`bench stream`: the stream row first (records/s), then the ledger phase of the same run,
     and the ratio between them."""
-    doc = bench("stream", "--seconds", "2", "--batch", "200", tmp=tmp_path)
+    doc = bench("stream", "--seconds", "1", "--batch", "200", tmp=tmp_path)
     stream, ledger = doc["results"]
     assert stream["name"].startswith("stream 3/2/2") and ledger["name"].startswith("ledger 3/2/2")
     assert abs(stream["ratio_to_cluster"] - stream["ops_per_s"] / ledger["ops_per_s"]) < 0.01
