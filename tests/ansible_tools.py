@@ -21,7 +21,7 @@ def tool(name: str) -> str:
 
 def ansible_env() -> dict[str, str]:
     """This environment with the venv first on PATH, no colours, no retry files, and an
-    inventory that does not parse an error (not an empty inventory)."""
+    inventory source that does not parse failing the run (not read as an empty inventory)."""
     return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "true", "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_RETRY_FILES_ENABLED": "false", "PYTHONUNBUFFERED": "1"}

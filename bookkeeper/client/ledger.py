@@ -515,6 +515,12 @@ class WriteHandle(ReadHandle):
         else:
             self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
 
+    @property
+    def _writing(self) -> bool:
+        """The handle still sends adds: not failed, not closing, its ledger in the state it
+        writes in (OPEN, or IN_RECOVERY for a recovery's rewrites)."""
+        return self._error is None and not self._closing and self.metadata.state is self._writable_state
+
     def _still_writing_to(self, entry_id: int, idx: int, bookie: str) -> bool:
         """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
         replace it: the entry was sent under the current segment and the bookie still holds
@@ -525,7 +531,7 @@ class WriteHandle(ReadHandle):
         copies, and its replacement for the day a second bookie fails too, when one spare is
         no longer enough for both.
         """
-        if self._error is not None or self._closing or self.metadata.state is not self._writable_state:
+        if not self._writing:
             return False
         first, ensemble, _, _ = self._current_segment()
         return entry_id >= first and ensemble[idx] == bookie
@@ -563,7 +569,7 @@ class WriteHandle(ReadHandle):
         closes. While adds flow the piggyback does the job and the timer only re-arms.
         """
         self._lac_timer = None
-        if self._error is not None or self._closing or self.metadata.state is not self._writable_state:
+        if not self._writing:
             return
         lac = self._tracker.lac
         if lac <= self._lac_told:
