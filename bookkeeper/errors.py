@@ -70,7 +70,7 @@ class BookieServerError(BKError):
     retriable = True
 
 
-class TimeoutError(BKError):  # noqa: A001 - the public name API.md fixes
+class TimeoutError(BKError):  # noqa: A001 - the public name docs/api.md fixes
     """An operation did not complete within its timeout."""
 
     code = 10

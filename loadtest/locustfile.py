@@ -1,4 +1,4 @@
-"""Locust users that drive the real asyncio BookKeeper client (API.md section 8).
+"""Locust users that drive the real asyncio BookKeeper client (docs/api.md section 8).
 
     locust -f loadtest/locustfile.py --headless -u 12 -r 12 -t 30s \
         --metadata-uri zk://127.0.0.1:2181/ledgers --csv out/run

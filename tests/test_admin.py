@@ -2,7 +2,7 @@
 prometheus_client's own parser), the admin routes, and a decommission marker turning a live
 bookie read-only (and back when removed).
 
-Reference: issue 10 item 4, API.md section 10; Apache BookKeeper's HTTP admin and stats.
+Reference: issue 10 item 4, docs/api.md section 10; Apache BookKeeper's HTTP admin and stats.
 """
 from __future__ import annotations
 

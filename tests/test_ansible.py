@@ -2,7 +2,7 @@
 ZooKeeper + 3 bookies on this machine (the roles' lint, units and variables:
 test_ansible_roles.py).
 
-Reference: API.md section 9 and issue 9 item 2. The deployment tests share one
+Reference: docs/api.md section 9 and issue 9 item 2. The deployment tests share one
 deployment (module fixture), in the order of this file: site.yml deploys and
 `bk simpletest` passes; a second site.yml changes nothing; rolling_restart.yml runs
 under a writer that sees no error; one bookie's changed variable restarts only that

@@ -1,7 +1,7 @@
 """The Ansible roles without a deployment: ansible-lint's production profile, every bookie
 config key as a role variable, the systemd units verified, the debian_packages role.
 
-Reference: API.md section 9 and issue 9 item 2. Apart from test_ansible.py (the deployment)
+Reference: docs/api.md section 9 and issue 9 item 2. Apart from test_ansible.py (the deployment)
 so that these run on another test worker while that module's playbooks run.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ back within the delay costs nothing; a bookie killed for good has every ledger i
 re-replicated (each entry read back from each bookie of its write set directly); the CLI
 (`autorecovery run|status|enable|disable|list`, `recover`, `decommission`, `bookie gc`).
 
-Reference: issue 10 item 3 and its acceptance; API.md section 10; Apache BookKeeper's
+Reference: issue 10 item 3 and its acceptance; docs/api.md section 10; Apache BookKeeper's
 Auditor, ReplicationWorker and BookKeeperAdmin.decommissionBookie.
 """
 from __future__ import annotations

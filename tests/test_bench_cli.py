@@ -1,4 +1,4 @@
-"""`bk bench` runs and prints one JSON object with the keys API.md fixes (figures are printed,
+"""`bk bench` runs and prints one JSON object with the keys docs/api.md fixes (figures are printed,
 never asserted: timing goals live in docs/performance.md, not in tests). Runs are a second or
 two: a bench keeps both cores busy for as long as it measures, and these tests check what it
 prints, not the figures."""

@@ -1,6 +1,6 @@
 """Bookie lifecycle: cookies, registration, restart, admin HTTP.
 
-Reference: API.md section 4 (a bookie killed and restarted is back within the ZooKeeper
+Reference: docs/api.md section 4 (a bookie killed and restarted is back within the ZooKeeper
 session timeout plus 10 s; wiped or swapped directories refuse to start, naming the
 cookie mismatch); Apache BookKeeper Cookie.
 """

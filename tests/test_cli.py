@@ -1,4 +1,4 @@
-"""The `bk` command line against a real cluster, run as a subprocess (API.md section 2).
+"""The `bk` command line against a real cluster, run as a subprocess (docs/api.md section 2).
 
 Checked: simpletest, `bookies list --json`, `--metadata-uri` before / after the
 sub-command and via BK_METADATA_URI, `ledger metadata` / `ledger read` / `ledgers list` /

@@ -1,6 +1,6 @@
 """Bookie configuration (bookkeeper/config.py): TOML, BK_* env, Apache aliases, validation.
 
-API.md section 4: one TOML file, every key optional but metadata_uri; `BK_*` env vars
+docs/api.md section 4: one TOML file, every key optional but metadata_uri; `BK_*` env vars
 override it; Apache BookKeeper key names are accepted as aliases.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def load(tmp_path: Path, text: str, env: dict[str, str] | None = None, **overrid
 
 
 def test_toml_minimal_gives_documented_defaults(tmp_path: Path) -> None:
-    """Only metadata_uri is required; the rest takes API.md defaults (bind 0.0.0.0, io_uring, 5 MiB frames)."""
+    """Only metadata_uri is required; the rest takes docs/api.md defaults (bind 0.0.0.0, io_uring, 5 MiB frames)."""
     c = load(tmp_path, f'metadata_uri = "{URI}"\n')
     assert c.metadata_uri == URI
     assert c.bind_address == "0.0.0.0"
@@ -76,13 +76,13 @@ readonly = true
 
 
 def test_shard_i_listens_on_port_plus_i_unless_listed(tmp_path: Path) -> None:
-    """Shard i listens on port + i when shard_ports is not given (API.md)."""
+    """Shard i listens on port + i when shard_ports is not given (docs/api.md)."""
     c = load(tmp_path, f'metadata_uri = "{URI}"\nport = 3181\nshards = 4\n')
     assert [c.port_of_shard(i) for i in range(4)] == [3181, 3182, 3183, 3184]
 
 
 def test_bookie_id_defaults_to_advertised_address_and_port(tmp_path: Path) -> None:
-    """bookie_id defaults to advertised_address:port (API.md)."""
+    """bookie_id defaults to advertised_address:port (docs/api.md)."""
     c = load(tmp_path, f'metadata_uri = "{URI}"\nadvertised_address = "10.1.2.3"\nport = 3999\n')
     assert c.id == "10.1.2.3:3999"
 
@@ -110,7 +110,7 @@ def test_invalid_toml_gives_config_error(tmp_path: Path) -> None:
 
 
 def test_env_bk_vars_override_toml(tmp_path: Path) -> None:
-    """BK_* environment variables override the TOML file (API.md precedence)."""
+    """BK_* environment variables override the TOML file (docs/api.md precedence)."""
     env = {"BK_PORT": "4100", "BK_JOURNAL_SYNC": "thread", "BK_LEDGER_DIRS": "/a,/b",
            "BK_READONLY": "yes", "BK_CHECKPOINT_INTERVAL_S": "0.5", "BK_SHARD_PORTS": "7000,7001",
            "BK_SHARDS": "2"}
@@ -306,7 +306,7 @@ def test_metadata_uri_must_be_a_zk_uri(tmp_path: Path, uri: str) -> None:
 
 
 def test_metadata_uri_with_any_root_path_is_accepted(tmp_path: Path) -> None:
-    """metadata_uri may use any ZooKeeper path as its root (API.md)."""
+    """metadata_uri may use any ZooKeeper path as its root (docs/api.md)."""
     c = load(tmp_path, 'metadata_uri = "zk://h1:2181,h2:2181/some/other/root"\n')
     assert c.metadata_uri.endswith("/some/other/root")
 

@@ -1,7 +1,7 @@
 """Durability under kill -9: every acknowledged entry survives, byte-identical (journal replay),
 and a torn last journal block is detected and discarded, never served.
 
-Reference: DESIGN.md invariant 1; Apache BookKeeper Journal replay on bookie start.
+Reference: docs/design.md invariant 1; Apache BookKeeper Journal replay on bookie start.
 Checkpoints are pushed far out so that acknowledged entries live only in the journal
 when the process dies: what is read back after restart came from replay.
 """
@@ -112,7 +112,7 @@ def test_kill9_of_whole_bookie_then_restart_loses_no_acknowledged_entry(make_clu
             victim = cluster.bookies[1]
             acked = await stream_until_failure(lh, kill_at=3000, kill=victim.kill)
             victim.start()
-            cluster.wait_registered([victim], timeout_s=4 + 10)  # session timeout + 10 s (API.md)
+            cluster.wait_registered([victim], timeout_s=4 + 10)  # session timeout + 10 s (docs/api.md)
             await check_all_acked(bk, victim, lh.ledger_id, acked)
     run(main())
 

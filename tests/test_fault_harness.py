@@ -3,7 +3,7 @@ ZooKeeper sessions expiring, ZooKeeper restarts and overlapping bookie restarts,
 adds on a real cluster (ZooKeeper + 6 bookies), checked against the writer's record of
 acknowledged entries.
 
-Reference: DESIGN.md invariants 1 (no acknowledged entry lost or altered), 2 (in-order acks,
+Reference: docs/design.md invariants 1 (no acknowledged entry lost or altered), 2 (in-order acks,
 LAC never backwards), 3 (recovery closes at a point every reader agrees on); issue 10 item 5
 (writers ride through every survivable fault, for as long as they live; Apache BookKeeper's
 bookie quarantine). Each scenario has a fixed seed; its report line is printed.

@@ -1,6 +1,6 @@
 """Fault tolerance on a real cluster: fencing, ensemble change, speculative reads, tailing.
 
-Reference: DESIGN.md invariants 1-3; Apache BookKeeper ledger recovery, ensemble change
+Reference: docs/design.md invariants 1-3; Apache BookKeeper ledger recovery, ensemble change
 (LedgerHandle.handleBookieFailure), speculative reads, long-poll LAC reads.
 """
 from __future__ import annotations

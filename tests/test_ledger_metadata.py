@@ -1,7 +1,7 @@
 """Ledger metadata serialization (bookkeeper/meta/ledger_metadata.py) and entry digests
 (bookkeeper/client/digest.py).
 
-API.md section 3 fixes the JSON shape of `bk ledger metadata`; digest.py fixes the
+docs/api.md section 3 fixes the JSON shape of `bk ledger metadata`; digest.py fixes the
 stored entry layout u64 ledger | i64 entry | i64 lac | u64 length | digest | data.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_znode_version_is_not_serialized() -> None:
 
 
 def test_serialized_json_has_documented_shape() -> None:
-    """The JSON carries format_version and the API.md keys: ensembles as list, custom_metadata base64, state name."""
+    """The JSON carries format_version and the docs/api.md keys: ensembles as list, custom_metadata base64, state name."""
     md = sample_metadata()
     d = json.loads(md.serialize())
     assert d["format_version"] == FORMAT_VERSION == 1
@@ -243,5 +243,5 @@ def test_appended_byte_raises_digest_mismatch(digest: DigestType) -> None:
 
 
 def test_digest_mismatch_is_a_bk_error() -> None:
-    """DigestMismatchError belongs to the BKError hierarchy (API.md)."""
+    """DigestMismatchError belongs to the BKError hierarchy (docs/api.md)."""
     assert issubclass(DigestMismatchError, BKError)

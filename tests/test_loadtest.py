@@ -1,4 +1,4 @@
-"""Locust load tests against a real cluster (API.md section 8), and the gevent bridge.
+"""Locust load tests against a real cluster (docs/api.md section 8), and the gevent bridge.
 
 Each run is the real `locust` command line: headless with the three user classes,
 then in distributed mode (a master and two workers). The bridge test measures how

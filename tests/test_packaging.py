@@ -1,6 +1,6 @@
 """The package as users get it: `pip wheel .`, then plain pip into a fresh venv.
 
-Reference: API.md section 5. The wheel carries the compiled extensions and declares its
+Reference: docs/api.md section 5. The wheel carries the compiled extensions and declares its
 runtime dependencies; a `bk` installed from it, started inside a source checkout whose
 tree is not built, runs the installed package in the processes it spawns too.
 """

@@ -1,6 +1,6 @@
 """Striping and quorum rules of the sans-I/O client core (bookkeeper/client/core/quorum.py).
 
-The brute-force oracles below restate DESIGN.md's definitions directly (write set =
+The brute-force oracles below restate docs/design.md's definitions directly (write set =
 ensemble[(e + i) % E] for i < Qw; an entry is acknowledged by Qa bookies of its write
 set) instead of reusing the product's helpers.
 """
@@ -17,7 +17,7 @@ CONFIGS = [(3, 2, 2), (3, 3, 2), (5, 3, 2), (1, 1, 1)]
 
 
 def oracle_write_set(e: int, E: int, Qw: int) -> list[int]:
-    """DESIGN.md: entry e goes to ensemble[(e + i) % E] for i in 0..Qw-1."""
+    """docs/design.md: entry e goes to ensemble[(e + i) % E] for i in 0..Qw-1."""
     return [(e + i) % E for i in range(Qw)]
 
 
@@ -41,7 +41,7 @@ def oracle_entry_missing(deniers: set[int], ws: list[int], Qa: int) -> bool:
 
 @pytest.mark.parametrize("E,Qw", [(1, 1), (3, 2), (3, 3), (5, 3), (5, 5), (7, 4)])
 def test_write_set_is_round_robin_striping(E: int, Qw: int) -> None:
-    """Entry e goes to ensemble indexes (e + i) % E for i in 0..Qw-1 (DESIGN.md striping)."""
+    """Entry e goes to ensemble indexes (e + i) % E for i in 0..Qw-1 (docs/design.md striping)."""
     for e in range(4 * E):
         ws = write_set(e, E, Qw)
         assert ws == oracle_write_set(e, E, Qw)

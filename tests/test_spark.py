@@ -1,6 +1,6 @@
 """The "bookkeeper" Spark source on a real local[2] SparkSession and a real cluster.
 
-Reference: issue 12's acceptance list; API.md section 7; PySpark 4's Python Data Source API
+Reference: issue 12's acceptance list; docs/api.md section 7; PySpark 4's Python Data Source API
 (pyspark.sql.datasource). Checked: rows equal what was written (count and a CRC sum per
 ledger computed in Spark), partitions as the options say, open ledgers skipped or read to
 their LAC without fencing, a killed bookie, a corrupt entry on every replica, stream reads by

@@ -2,7 +2,7 @@
 validation, chunk sizes, and that `import bookkeeper` never imports pyspark.
 
 Reference: issue 12 (partitions of at most max_entries_per_partition, bounded memory per
-partition); API.md section 7 (options).
+partition); docs/api.md section 7 (options).
 """
 from __future__ import annotations
 

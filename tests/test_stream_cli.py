@@ -1,4 +1,4 @@
-"""`bk stream ...` against a real cluster, run as a subprocess (API.md section 6, CLI).
+"""`bk stream ...` against a real cluster, run as a subprocess (docs/api.md section 6, CLI).
 
 Checked: create / list (--json) / describe (--json shape and figures, the table) / write (a
 position per stdin line, printed as each line arrives) / tail (--no-follow, --json, --from,

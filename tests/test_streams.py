@@ -1,7 +1,7 @@
 """Log streams on a real cluster: writing and reading, failover under kill -9 and SIGSTOP,
 session expiry, tailing across rolls, seeking, truncation and retention, the blocking twin.
 
-Reference: issue 11's acceptance list; API.md section 6; DistributedLog's BKLogSegmentWriter
+Reference: issue 11's acceptance list; docs/api.md section 6; DistributedLog's BKLogSegmentWriter
 (fencing the previous writer's open log segment by ledger recovery), ReadAheadEntryReader
 (tailing across log segments) and log segment retention.
 """

@@ -47,7 +47,7 @@ def histogram() -> Latencies:
 
 
 def latency_ms(lat: Latencies) -> dict[str, float]:
-    """p50/p99/p999 in milliseconds (API.md's JSON keys)."""
+    """p50/p99/p999 in milliseconds (docs/api.md's JSON keys)."""
     h = lat.histogram()
     if h.get_total_count() == 0:
         return {"p50": 0.0, "p99": 0.0, "p999": 0.0}

@@ -2,7 +2,7 @@
 info, garbage collection and auto-recovery status (Reference: Apache BookKeeper's HTTP admin).
 
 Lives in: the supervisor process, a threaded WSGI server on daemon threads (a GC an
-operator waits on must not hold up a scrape). Routes (API.md section 10):
+operator waits on must not hold up a scrape). Routes (docs/api.md section 10):
   GET  /heartbeat                     "OK"
   GET  /metrics                       Prometheus text: every shard's metrics labelled shard,
                                       the bookie's own (state, disks, shards up, restarts)

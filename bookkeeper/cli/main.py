@@ -1,4 +1,4 @@
-"""`bk`: the command line of bookies, ledgers and the local sandbox (API.md section 2).
+"""`bk`: the command line of bookies, ledgers and the local sandbox (docs/api.md section 2).
 
 User errors print one line on stderr and exit non-zero; no traceback, and no log
 lines from client commands unless -v is given. `--metadata-uri` (env

@@ -1,4 +1,4 @@
-"""`bk stream ...`: log streams from a shell (API.md section 6, docs/streams.md).
+"""`bk stream ...`: log streams from a shell (docs/api.md section 6, docs/streams.md).
 
 Every sub-command takes `--namespace NS` (default `default`). Output that scripts read:
 `list --json` (a JSON array of names), `describe --json` (an object with `name` and

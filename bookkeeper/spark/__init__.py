@@ -1,4 +1,4 @@
-"""Spark's "bookkeeper" data source (API.md section 7, docs/spark.md).
+"""Spark's "bookkeeper" data source (docs/api.md section 7, docs/spark.md).
 
 Importing this module imports pyspark (the `[spark]` extra); importing `bookkeeper` never does.
 """

@@ -1,4 +1,4 @@
-"""The Spark source's options, validated once on the driver (API.md section 7).
+"""The Spark source's options, validated once on the driver (docs/api.md section 7).
 
 Why a frozen dataclass: the readers are pickled to executors; what crosses that boundary
 is this value and partition descriptions, never a connection or an event loop.

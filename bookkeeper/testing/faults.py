@@ -1,4 +1,4 @@
-"""Seeded fault schedules against a LocalCluster, and the checker of DESIGN.md's invariants.
+"""Seeded fault schedules against a LocalCluster, and the checker of docs/design.md's invariants.
 
 A scenario streams pipelined adds into one ledger while a schedule, fixed by its seed,
 hurts the cluster one step at a time: a bookie of the ledger's ensemble killed (-9) and
