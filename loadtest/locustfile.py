@@ -17,7 +17,7 @@ Requests are reported with request type `bookkeeper` and names `create_ledger`,
 exception (its class name shows in locust's failure table). Response times are taken
 in the user's greenlet around the whole call (the bridge's hand-off included: what a
 gevent service would see); `latency.py` keeps them at microsecond resolution too.
-How the asyncio client runs under gevent: `gevent_asyncio.py` and loadtest/README.md.
+How the asyncio client runs under gevent: `bookkeeper/gevent.py` and loadtest/README.md.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from locust.runners import WorkerRunner
 
 from bookkeeper import BookKeeper
 from bookkeeper.client.ledger import ReadHandle, WriteHandle
-from gevent_asyncio import AsyncioThread
+from bookkeeper.gevent import AsyncioThread
 from latency import LatencyRecorder
 
 T = TypeVar("T")

@@ -80,11 +80,16 @@ def shared_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+SOURCE_DATE_EPOCH = "315532800"  # ansible/roles/bookie/defaults/main.yml: bookie_wheel_source_date_epoch
+
+
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's wheel, built once per test run as a user would (`pip wheel .`: pip's isolated
     build environment gets setuptools, Cython and liburing from pyproject.toml), reproducibly
-    (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare).
+    (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare; the
+    value is the Ansible role's bookie_wheel_source_date_epoch, so the role's own build of
+    this commit gives these very bytes).
     Under xdist the first worker that needs it builds it and the others wait for that one
     (a file lock): a build is ~90 s of CPU on a 2-core machine."""
     out = shared_tmp_dir(tmp_path_factory) / "wheel"
@@ -93,7 +98,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not list(out.glob("bookkeeper_py-*.whl")):
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-                           check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+                           check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
                            stdin=subprocess.DEVNULL)
         (wheel,) = out.glob("bookkeeper_py-*.whl")
     return wheel

@@ -1,22 +1,29 @@
-"""Locust load tests against a real cluster (docs/api.md section 8), and the gevent bridge.
+"""Locust load tests against a real cluster (docs/api.md section 8), and the gevent bridge
+(`bookkeeper.gevent`).
 
 Each run is the real `locust` command line: headless with the three user classes,
 then in distributed mode (a master and two workers). The bridge test measures how
 late a 1 ms gevent timer fires while greenlets wait on the asyncio client, against
-a control that waits the naive way (blocking the hub).
+a control that waits the naive way (blocking the hub); another serves the client from
+a real gunicorn gevent worker, as a service under `gunicorn -k gevent` does.
 """
 from __future__ import annotations
 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import bookkeeper.sync
 from bookkeeper.testing.cluster import LocalCluster, free_port_block
 from tests.conftest import REPO
 
@@ -125,11 +132,10 @@ HUB_PROBE = r'''
 from gevent import monkey; monkey.patch_all()
 import asyncio, json, sys, time
 import gevent
-sys.path.insert(0, sys.argv[1])
-from gevent_asyncio import AsyncioThread
+from bookkeeper.gevent import AsyncioThread
 from bookkeeper import BookKeeper
 
-uri, mode = sys.argv[2], sys.argv[3]
+uri, mode = sys.argv[1], sys.argv[2]
 bridge = AsyncioThread()
 bk = bridge.call(BookKeeper.connect(uri))
 lh = bridge.call(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
@@ -182,7 +188,7 @@ def test_the_bridge_never_blocks_the_gevent_hub(cluster: LocalCluster, tmp_path:
     script.write_text(HUB_PROBE)
 
     def probe(mode: str) -> dict[str, float]:
-        p = subprocess.run([sys.executable, str(script), str(REPO / "loadtest"), cluster.metadata_uri, mode],
+        p = subprocess.run([sys.executable, str(script), cluster.metadata_uri, mode],
                            capture_output=True, text=True, timeout=120, env=_env(), stdin=subprocess.DEVNULL)
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout.strip().splitlines()[-1])
@@ -192,3 +198,82 @@ def test_the_bridge_never_blocks_the_gevent_hub(cluster: LocalCluster, tmp_path:
     assert blocking["max_late_ms"] > 100, blocking  # one greenlet's 400 adds without a yield
     assert bridged["max_late_ms"] < 50, bridged
     assert bridged["ticks"] * 0.005 > bridged["elapsed_s"], bridged  # a tick every 5 ms at least, on average
+
+
+GUNICORN_APP = r'''
+"""A WSGI service that writes each request body as an entry, one client per worker process."""
+import json
+import os
+
+from gevent.lock import Semaphore
+
+from bookkeeper import BookKeeper
+from bookkeeper.gevent import AsyncioThread
+
+_lock, _state = Semaphore(), {}
+
+
+def _ledger():
+    with _lock:  # the first requests of a worker arrive together; one connects
+        if not _state:
+            bridge = AsyncioThread()
+            bk = bridge.call(BookKeeper.connect(os.environ["BK_TEST_URI"]))
+            _state.update(bridge=bridge, lh=bridge.call(bk.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2)))
+    return _state["bridge"], _state["lh"]
+
+
+def app(environ, start_response):
+    bridge, lh = _ledger()
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    entry_id = bridge.call(lh.add_entry(body), timeout_s=30)
+    out = json.dumps({"pid": os.getpid(), "ledger_id": lh.ledger_id, "entry_id": entry_id}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
+    return [out]
+'''
+
+
+def test_the_client_serves_requests_from_gunicorn_gevent_workers(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`gunicorn -k gevent` (monkey-patched workers, one hub each) with a WSGI app that adds each
+    request's body through bookkeeper.gevent: 60 concurrent requests are all answered, each
+    worker's entry ids are consecutive from 0, and every body reads back from its ledger."""
+    (tmp_path / "service.py").write_text(GUNICORN_APP)
+    port = free_port_block(1)
+    log = open(tmp_path / "gunicorn.log", "wb")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "-k", "gevent", "-w", "2",
+                               "--worker-connections", "100", "-b", f"127.0.0.1:{port}", "--chdir", str(tmp_path),
+                               "service:app"], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                              env={**_env(), "BK_TEST_URI": cluster.metadata_uri}, start_new_session=True)
+    log.close()
+    def post(body: bytes) -> dict[str, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", data=body, timeout=60) as r:
+            return json.loads(r.read())
+
+    bodies = [b"warm-up", *(b"request %d" % i for i in range(60))]
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answers = [post(bodies[0])]
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "gunicorn.log").read_text()[-3000:]
+                time.sleep(0.2)
+        with ThreadPoolExecutor(20) as pool:
+            answers += pool.map(post, bodies[1:])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    by_ledger: dict[int, dict[int, bytes]] = {}
+    for body, a in zip(bodies, answers):
+        by_ledger.setdefault(a["ledger_id"], {})[a["entry_id"]] = body
+    with bookkeeper.sync.BookKeeper.connect(cluster.metadata_uri) as bk:
+        for ledger_id, entries in by_ledger.items():
+            rh = bk.open_ledger(ledger_id)  # recovers: the workers' ledgers were left open
+            assert sorted(entries) == list(range(rh.last_add_confirmed + 1)), (ledger_id, sorted(entries))
+            assert {e.entry_id: e.data for e in rh.read(0, rh.last_add_confirmed)} == entries
+    print(f"{len(answers)} requests over {len(by_ledger)} worker ledger(s)")

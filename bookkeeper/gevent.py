@@ -1,6 +1,17 @@
-"""The asyncio BookKeeper client inside locust's gevent world.
+"""The asyncio BookKeeper client inside a gevent program (locust, `gunicorn -k gevent`).
 
-Locust runs its users as greenlets of one gevent hub, with the standard library
+Install with the extra: `pip install 'bookkeeper-py[gevent]'`. Use one bridge per process,
+made after gevent's monkey-patching (in a gunicorn worker: lazily, on its first request):
+
+    from bookkeeper import BookKeeper
+    from bookkeeper.gevent import AsyncioThread
+
+    bridge = AsyncioThread()
+    bk = bridge.call(BookKeeper.connect("zk://zk1:2181/ledgers"))
+    lh = bridge.call(bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2))
+    entry_id = bridge.call(lh.add_entry(b"payload"))   # this greenlet waits; the hub runs on
+
+Why a bridge: locust runs its users as greenlets of one gevent hub, with the standard library
 monkey-patched. The client is asyncio on uvloop. Two facts decide the shape:
 - a uvloop loop run inside a greenlet blocks the hub (libuv never yields to gevent),
   and stdlib asyncio on a patched thread waits on patched selectors and times out;
@@ -8,9 +19,9 @@ monkey-patched. The client is asyncio on uvloop. Two facts decide the shape:
   executor for ZooKeeper calls, kazoo's own connection threads) is a greenlet of the
   hub of the thread that starts it.
 
-So each locust process runs ONE uvloop loop on a native OS thread (gevent's original
+So each process runs ONE uvloop loop on a native OS thread (gevent's original
 `start_new_thread`), and everything that would be a thread of that loop runs as a
-greenlet of the locust hub instead: the loop's default executor hands its blocking
+greenlet of the process's hub instead: the loop's default executor hands its blocking
 calls (kazoo, which then runs on gevent sockets) to the hub. A greenlet submits a
 coroutine with `call()`; the loop thread hands each result back through one gevent
 `async_` watcher (thread-safe to `send()`, and it keeps the hub alive while calls are
