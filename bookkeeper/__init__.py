@@ -5,9 +5,9 @@
 
 See README.md and docs/ for the architecture, protocol and metadata layout.
 """
-from bookkeeper import errors  # noqa: F401
-from bookkeeper.client import BookKeeper, LedgerEntry, ReadHandle, WriteHandle  # noqa: F401
-from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState  # noqa: F401
+from bookkeeper import errors
+from bookkeeper.client import BookKeeper, LedgerEntry, ReadHandle, WriteHandle
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState
 
 LedgerHandle = WriteHandle
 

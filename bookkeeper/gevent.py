@@ -80,10 +80,11 @@ class AsyncioThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         fut.add_done_callback(lambda f: self._post(functools.partial(_settle, result, f)))
         try:
-            return result.get(timeout=timeout_s)
+            value: T = result.get(timeout=timeout_s)
         except BaseException:
             fut.cancel()  # the greenlet was killed or timed out: do not leave the coroutine running
             raise
+        return value
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loop, wait (cooperatively) for its thread to end, release the watcher."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import uvloop
 
 from bookkeeper.client import BookKeeper as AsyncBookKeeper
-from bookkeeper.client import LedgerEntry, ReadHandle as AsyncReadHandle
+from bookkeeper.client import LedgerEntry, ReadHandle as AsyncReadHandle, WriteHandle as AsyncWriteHandle
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
 from bookkeeper.stream import Namespace as AsyncNamespace
 from bookkeeper.stream import Position, StreamReader as AsyncStreamReader, StreamRecord
@@ -35,13 +35,20 @@ class _LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name="bookkeeper-sync", daemon=True)
         self.thread.start()
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def call(self, aw: Awaitable[T]) -> T:
+        """Run aw on the loop and block until its result (an async iterator's __anext__() is
+        an awaitable, not a coroutine: it is wrapped in one)."""
+        coro = aw if asyncio.iscoroutine(aw) else _awaited(aw)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
+
+
+async def _awaited(aw: Awaitable[T]) -> T:
+    return await aw
 
 
 class ReadHandle:
@@ -51,10 +58,21 @@ class ReadHandle:
         self._lt = lt
         self._h = handle
 
-    ledger_id = property(lambda self: self._h.ledger_id)
-    last_add_confirmed = property(lambda self: self._h.last_add_confirmed)
-    length = property(lambda self: self._h.length)
-    metadata: LedgerMetadata = property(lambda self: self._h.metadata)  # type: ignore[assignment]
+    @property
+    def ledger_id(self) -> int:
+        return self._h.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._h.last_add_confirmed
+
+    @property
+    def length(self) -> int:
+        return self._h.length
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._h.metadata
 
     def read(self, first: int, last: int) -> list[LedgerEntry]:
         return self._lt.call(self._h.read(first, last))
@@ -82,20 +100,24 @@ class ReadHandle:
 class WriteHandle(ReadHandle):
     """Blocking view of a write handle."""
 
+    def __init__(self, lt: _LoopThread, handle: AsyncWriteHandle) -> None:
+        super().__init__(lt, handle)
+        self._w = handle
+
     def add_entry(self, data: bytes) -> int:
         """Add and wait for the acknowledgement (waits for room at the outstanding bound)."""
-        return self._lt.call(self._h.add_entry(data))  # type: ignore[attr-defined]
+        return self._lt.call(self._w.add_entry(data))
 
     def add_entries(self, datas: Sequence[bytes]) -> list[int]:
         """Add a batch (consecutive ids) and wait for all: one loop hop for the whole batch."""
-        return self._lt.call(self._h.add_entries(datas))  # type: ignore[attr-defined]
+        return self._lt.call(self._w.add_entries(datas))
 
     def add_entry_async(self, data: bytes) -> concurrent.futures.Future[int]:
         out: concurrent.futures.Future[int] = concurrent.futures.Future()
 
         def start() -> None:
             try:
-                fut = self._h.add_entry_async(data)  # type: ignore[attr-defined]
+                fut = self._w.add_entry_async(data)
             except BaseException as e:  # noqa: BLE001 - handed to the caller's future
                 out.set_exception(e)
                 return
@@ -159,8 +181,13 @@ class StreamWriter:
         self._lt = lt
         self._w = writer
 
-    name = property(lambda self: self._w.name)
-    last_txid = property(lambda self: self._w.last_txid)
+    @property
+    def name(self) -> str:
+        return self._w.name
+
+    @property
+    def last_txid(self) -> int:
+        return self._w.last_txid
 
     def write(self, data: bytes, txid: int | None = None) -> Position:
         return self._lt.call(self._w.write(data, txid))
@@ -188,7 +215,10 @@ class StreamReader:
         self._lt = lt
         self._r = reader
 
-    position = property(lambda self: self._r.position)
+    @property
+    def position(self) -> Position | None:
+        """The position of the next record to deliver (as the async reader's)."""
+        return self._r.position
 
     def __iter__(self) -> Iterator[StreamRecord]:
         return self
@@ -216,7 +246,9 @@ class Namespace:
         self._lt = lt
         self._ns = ns
 
-    name = property(lambda self: self._ns.name)
+    @property
+    def name(self) -> str:
+        return self._ns.name
 
     @classmethod
     def connect(cls, metadata_uri: str, name: str = "default", **kwargs: Any) -> Namespace:

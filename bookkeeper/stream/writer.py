@@ -20,11 +20,11 @@ import operator
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 
@@ -108,7 +108,7 @@ class _Pending:
 
     def __init__(self) -> None:
         self.records: list[tuple[int, bytes]] = []
-        self.owners: list[list] = []
+        self.owners: list[list[Any]] = []
         self.size = 0
 
     def fail(self, err: BKError) -> None:
@@ -128,9 +128,11 @@ class StreamWriter:
         self._loop = asyncio.get_running_loop()
         self._codec = recordset.CODECS[settings.compression]
         self._lock_node = ""
-        self._meta: StreamMeta | None = None   # the stream node as this writer last wrote it
-        self._lh: WriteHandle | None = None
-        self._segment: Segment | None = None
+        # Set by open() before any record is accepted: the stream node as this writer last
+        # wrote it, the current segment's ledger and the segment itself.
+        self._meta: StreamMeta
+        self._lh: WriteHandle
+        self._segment: Segment
         self._seg_started = 0.0
         self._seg_records = 0          # records sealed into the current segment
         self._seg_first_txid = -1
@@ -148,7 +150,7 @@ class StreamWriter:
         self._suspended = False
         self._error: BKError | None = None
         self._closed = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
 
     # -- opening -----------------------------------------------------------------------
     async def _open(self) -> None:
@@ -197,7 +199,9 @@ class StreamWriter:
             raise StreamLockLostError(f"stream {self.name!r}: this writer's lock node vanished")
 
     def _threadsafe(self, fn: Callable[[], None]) -> Callable[[WatchedEvent], None]:
-        return lambda _event: self._loop.call_soon_threadsafe(fn)
+        def call(_event: WatchedEvent) -> None:
+            self._loop.call_soon_threadsafe(fn)
+        return call
 
     def _on_lock_event(self, event: WatchedEvent) -> None:
         """kazoo thread: the lock node was deleted (a takeover) or the session ended."""
@@ -406,7 +410,7 @@ class StreamWriter:
                 self._arm_control()
         fut.add_done_callback(done)
 
-    def _on_set_acked(self, fut: asyncio.Future[int], seq: int, owners: list[list]) -> None:
+    def _on_set_acked(self, fut: asyncio.Future[int], seq: int, owners: list[list[Any]]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             err = self._error or BKError("record set add failed")
             for waiter, _ in owners:
@@ -486,12 +490,12 @@ class StreamWriter:
         pending.fail(err)
         self._room.set()
 
-    def _spawn(self, coro: object) -> None:
-        task = self._loop.create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = self._loop.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background_done)
 
-    def _background_done(self, task: asyncio.Task[None]) -> None:
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("stream %s: background task failed: %s", self.name, task.exception())
