@@ -1,5 +1,6 @@
-"""The bookie's decisions as tables: disk thresholds with hysteresis, the read-only state,
-which compaction a GC pass runs; and the deleted-ledger finder against a real ZooKeeper.
+"""The bookie's decisions as tables: disk thresholds with hysteresis, the journal pool counted as
+free and given back, the read-only state (with the operator's maintenance switch), which
+compaction a GC pass runs; and the deleted-ledger finder against a real ZooKeeper.
 
 Reference: Apache BookKeeper LedgerDirsMonitor (warn / threshold / low-water mark),
 BookieStateManager, GarbageCollectorThread (minor / major compaction); docs/operations.md.
@@ -10,7 +11,8 @@ import pytest
 
 from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
 from bookkeeper.bookie.metrics import Histogram, families
-from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, next_dir_state
+from bookkeeper.bookie.state import (MANUAL_REASON, READONLY, WRITABLE, DirState, JournalSpace, bookie_state,
+                                    journal_space, next_dir_state)
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.testing.zookeeper import ZooKeeperServer
@@ -38,6 +40,43 @@ def _dirs(journal_full: bool, *ledger_full: bool) -> list[DirState]:
             *(DirState(f"/l{i}", "ledger", 0.99 if f else 0.5, f) for i, f in enumerate(ledger_full))]
 
 
+MIB = 1 << 20
+POOL = [("reuse-01", 4 * MIB), ("reuse-02", 4 * MIB), ("spare", 4 * MIB)]  # oldest first
+J = {"warn": 0.4, "lwm": 0.3}
+
+
+@pytest.mark.parametrize("free_mib, pool_mib, own, pooling, want", [
+    # under lwm: nothing released, pooling (back) on; usage counts every pooled byte as free
+    (90, 0, POOL, False, JournalSpace(0.10, (), True)),
+    (90, 8, POOL, True, JournalSpace(0.02, (), True)),
+    # between lwm and warn: nothing released, pooling as it was (hysteresis)
+    (65, 12, POOL, True, JournalSpace(0.23, (), True)),
+    (65, 12, POOL, False, JournalSpace(0.23, (), False)),
+    # at warn (raw 40%): oldest first until the raw share is under warn, pooling off
+    (60, 12, POOL, True, JournalSpace(0.28, ("reuse-01",), False)),
+    (57, 12, POOL, True, JournalSpace(0.31, ("reuse-01",), False)),    # 43% - 4 MiB = 39%
+    (55, 12, POOL, True, JournalSpace(0.33, ("reuse-01", "reuse-02"), False)),  # 45% - 4 = 41%: one more
+    # far past: the whole pool, and the usage the thresholds see is still the raw share less the pool
+    (20, 12, POOL, True, JournalSpace(0.68, ("reuse-01", "reuse-02", "spare"), False)),
+    # a full disk whose only content is pool: counted as nearly empty (it never holds a bookie read-only)
+    (0, 100, POOL, True, JournalSpace(0.0, ("reuse-01", "reuse-02", "spare"), False)),
+    # other shards' pools count as free too, but only the caller's own files are its to release
+    (20, 24, [], True, JournalSpace(0.56, (), False)),
+    (20, 24, POOL[:1], True, JournalSpace(0.56, ("reuse-01",), False)),
+])
+def test_journal_space_counts_the_pool_as_free_and_releases_it_oldest_first(
+        free_mib: int, pool_mib: int, own: list[tuple[str, int]], pooling: bool, want: JournalSpace) -> None:
+    """Reference: issue 22 item 2 (the pool must never hold a bookie read-only); a 100 MiB disk."""
+    got = journal_space(total_bytes=100 * MIB, free_bytes=free_mib * MIB, pool_bytes=pool_mib * MIB, own_pool=own,
+                        pooling=pooling, **J)
+    assert (got.release, got.pooling) == (want.release, want.pooling)
+    assert got.usage == pytest.approx(want.usage)
+
+
+def test_journal_space_of_an_unmeasurable_disk_is_full() -> None:
+    assert journal_space(total_bytes=0, free_bytes=0, pool_bytes=0, **J) == JournalSpace(1.0, (), False)
+
+
 @pytest.mark.parametrize("forced, decom, dirs, failed, state, reason", [
     (False, False, _dirs(False, False), {}, WRITABLE, None),
     (True, False, _dirs(False, False), {}, READONLY, "configuration"),
@@ -54,6 +93,21 @@ def _dirs(journal_full: bool, *ledger_full: bool) -> list[DirState]:
 def test_bookie_state(forced: bool, decom: bool, dirs: list[DirState], failed: dict[int, str], state: str,
                       reason: str | None) -> None:
     got_state, got_reason = bookie_state(forced=forced, decommissioning=decom, dirs=dirs, failed_shards=failed)
+    assert got_state == state
+    assert (got_reason is None) if reason is None else (reason in got_reason)
+
+
+@pytest.mark.parametrize("manual, journal_full, decom, state, reason", [
+    (True, False, False, READONLY, MANUAL_REASON),
+    (True, True, False, READONLY, MANUAL_REASON),     # both hold: the switch is named first ...
+    (False, True, False, READONLY, "journal dir /j"),  # ... and switched off, the full disk still holds
+    (True, False, True, READONLY, MANUAL_REASON),
+    (False, False, False, WRITABLE, None),             # writable only when neither holds
+])
+def test_maintenance_switch_combines_with_the_other_rules(manual: bool, journal_full: bool, decom: bool, state: str,
+                                                          reason: str | None) -> None:
+    got_state, got_reason = bookie_state(forced=False, decommissioning=decom, dirs=_dirs(journal_full, False),
+                                         failed_shards={}, manual=manual)
     assert got_state == state
     assert (got_reason is None) if reason is None else (reason in got_reason)
 

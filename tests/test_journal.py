@@ -1354,3 +1354,89 @@ def test_corrupt_block_in_a_reused_file_is_refused(tmp_path: Path) -> None:
     path.write_bytes(bytes(image))
     with pytest.raises(JournalCorruptError, match=f"offset {starts[1][1]}"):
         replay_all(tmp_path, (starts[0][0], 0))
+
+
+# -- the pool given back (issue 22 item 2) -------------------------------------------------------
+
+
+def test_pool_files_list_reuse_files_oldest_first_then_the_spare_and_release_frees_them(tmp_path: Path) -> None:
+    """pool_files: the reuse files by their old id, the spare last, with the bytes they hold;
+    journal_pool_bytes sums every shard's; release deletes what it is given and says what it freed."""
+    from bookkeeper.bookie.journal.journal import SPARE_FILE, journal_pool_bytes, pool_files
+
+    shard = tmp_path / "shard-0"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(shard, syncer, loop, Sink(), preallocate_bytes=64 << 10, reuse_files=2)
+        j.start()  # file 1, and a spare being filled for the next roll
+        for _ in range(3):
+            j._open_new_file()
+        j.trim(j.file_id)  # files 1 and 2 pooled, 3 deleted; the spare made at the last roll is kept
+        assert j._spare is not None
+        await asyncio.wrap_future(j._spare)
+        j._open_new_file()  # takes the oldest pooled file (id 1): 2 stays pooled
+        pool = pool_files(shard)
+        assert [name for name, _ in pool] == [f"reuse-{2:016x}.jnl.tmp", SPARE_FILE]
+        assert all(size >= 64 << 10 for _, size in pool)
+        assert journal_pool_bytes(tmp_path) == sum(size for _, size in pool)
+        assert j.release([name for name, _ in pool]) == pool
+        assert pool_files(shard) == [] and journal_pool_bytes(tmp_path) == 0 and j._spare is None
+        assert j.release([f"reuse-{2:016x}.jnl.tmp"]) == []  # gone already: nothing freed, no error
+        with pytest.raises(ValueError, match="not a pooled journal file"):
+            j.release([f"{j.file_id:016x}.jnl"])
+        j.close()
+        syncer.close()
+
+    run(main)
+
+
+def test_release_leaves_a_spare_still_being_filled(tmp_path: Path) -> None:
+    """Its filler thread still writes to it: deleting it would leave the next roll nothing to
+    rename (a failed journal); it goes at a later release, once filled."""
+    import concurrent.futures
+
+    from bookkeeper.bookie.journal.journal import SPARE_FILE
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=64 << 10)
+        j.start()
+        await asyncio.wrap_future(j._spare)
+        filling: concurrent.futures.Future[None] = concurrent.futures.Future()
+        j._spare = filling
+        assert j.release([SPARE_FILE]) == [] and (tmp_path / SPARE_FILE).exists()
+        filling.set_result(None)
+        assert [name for name, _ in j.release([SPARE_FILE])] == [SPARE_FILE]
+        assert not (tmp_path / SPARE_FILE).exists() and j._spare is None
+        j.close()
+        syncer.close()
+
+    run(main)
+
+
+def test_without_pooling_trim_deletes_and_rolls_make_no_spare(tmp_path: Path) -> None:
+    """pooling off (the journal disk past disk_usage_warn): trimmed files are deleted, no spare is
+    zero-filled, and a roll with nothing ready fallocates at once; every record still replays."""
+    from bookkeeper.bookie.journal.journal import pool_files
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ThreadSyncer(loop), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10, reuse_files=4)
+        j.pooling = False
+        j.start()
+        assert j._spare is None
+        for i in range(6):
+            j.append(REC_ADD, 1, i, bytes(40 << 10), item=i)
+            await asyncio.wait_for(j.drain(), 5)
+        assert len(j.file_ids()) >= 3 and j.stats["unfilled_rolls"] >= 2 and j._spare is None
+        j.trim(j.file_id)
+        assert j.file_ids() == [j.file_id] and pool_files(tmp_path) == []
+        assert sink.durable_items == list(range(6))
+        j.close()
+        syncer.close()
+
+    run(main)

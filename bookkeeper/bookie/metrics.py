@@ -61,6 +61,8 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "compaction_bytes_copied": ("counter", "live entry bytes copied by compaction"),
     "compaction_bytes_reclaimed": ("counter", "entry-log bytes freed by compaction and GC"),
     "compaction_logs_deleted": ("counter", "entry logs deleted by compaction and GC"),
+    "journal_pool_released_bytes": ("counter", "pooled journal bytes (reuse files, spare) given back because "
+                                               "the journal disk passed disk_usage_warn"),
     "add_entry_latency_seconds": ("histogram", "add request arrival to durable response"),
     "read_entry_latency_seconds": ("histogram", "read request service time (long polls excluded)"),
     "journal_sync_latency_seconds": ("histogram", "journal block write + fdatasync"),
@@ -76,6 +78,7 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "entry_log_bytes": ("gauge", "bytes in this shard's entry logs"),
     "entry_log_live_bytes": ("gauge", "live bytes in this shard's entry logs"),
     "readonly": ("gauge", "1 if this shard refuses adds (read-only or failed)"),
+    "journal_pool_bytes": ("gauge", "bytes in this shard's journal pool (reuse files, spare): counted as free"),
 }
 
 

@@ -31,9 +31,9 @@ from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper.bookie import control
 from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
 from bookkeeper.bookie.journal import Journal, make_syncer
-from bookkeeper.bookie.journal.journal import Record
+from bookkeeper.bookie.journal.journal import Record, journal_pool_bytes, pool_files
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
-from bookkeeper.bookie.state import disk_usage
+from bookkeeper.bookie.state import disk_usage, journal_space
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.config import BookieConfig
@@ -96,7 +96,8 @@ class Shard:
         self._disks_checked = 0.0  # when _guard_disks last measured
         self.counters: dict[str, int] = dict.fromkeys(
             ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted",
-             "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted"), 0)
+             "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted",
+             "journal_pool_released_bytes"), 0)
 
     def _dir_writable(self, path: Path) -> bool:
         """May a new entry log go to this ledger dir (under the read-only threshold)?"""
@@ -113,14 +114,15 @@ class Shard:
             self._guard_disks()
 
     def _guard_disks(self) -> None:
-        """Turn read-only at once when the journal's filesystem, or every ledger dir's, passes the
-        threshold, and tell the supervisor: adds can fill a disk faster than its
+        """Give back the journal pool when its disk passes the warning; turn read-only at once
+        when the journal's filesystem (its pool counted as free), or every ledger dir's, passes
+        the threshold, and tell the supervisor: adds can fill a disk faster than its
         disk_check_interval_s, and a journal that meets ENOSPC fails. The supervisor then
         decides for the bookie (with hysteresis) and every shard follows it."""
+        usage = self._journal_space()
         if self.server.readonly:
             return
         cfg = self.cfg
-        usage = disk_usage(cfg.journal_dir)[2]
         if usage >= cfg.disk_usage_threshold:
             reason = f"journal dir {cfg.journal_dir} is {usage:.0%} full"
         else:
@@ -132,6 +134,35 @@ class Shard:
         self.server.readonly_reason = reason
         log.warning("shard %d: %s: refusing adds", self.index, reason)
         self._tell_supervisor()
+
+    def _journal_space(self) -> float:
+        """Release this shard's pooled journal files while the journal disk is past
+        disk_usage_warn (state.journal_space decides); returns the disk's used share with every
+        shard's pool counted as free.
+
+        Under the warning nothing is released and the share is under every threshold either
+        way, so the pools are only listed past it: the hot path stays one statvfs.
+        """
+        cfg, journal = self.cfg, self.journal
+        total, free, raw = disk_usage(cfg.journal_dir)
+        past_warn = raw >= cfg.disk_usage_warn
+        space = journal_space(total_bytes=total, free_bytes=free,
+                              pool_bytes=journal_pool_bytes(cfg.journal_dir) if past_warn else 0,
+                              own_pool=pool_files(journal.dir) if past_warn else (), pooling=journal.pooling,
+                              warn=cfg.disk_usage_warn, lwm=cfg.disk_usage_lwm)
+        if space.pooling != journal.pooling:
+            log.info("shard %d: journal disk %.0f%% full: trimmed journal files are %s", self.index, raw * 100,
+                     "pooled for reuse again" if space.pooling else "deleted, not pooled, until it is under "
+                     f"{cfg.disk_usage_lwm:.0%}")
+            journal.pooling = space.pooling
+        freed = journal.release(space.release) if space.release else []
+        if freed:
+            nbytes = sum(size for _name, size in freed)
+            self.counters["journal_pool_released_bytes"] += nbytes
+            log.warning("shard %d: journal disk %s is %.0f%% full (warning at %.0f%%): released %d pooled journal "
+                        "file(s), %d bytes: %s", self.index, cfg.journal_dir, raw * 100, cfg.disk_usage_warn * 100,
+                        len(freed), nbytes, ", ".join(name for name, _size in freed))
+        return space.usage
 
     def _tell_supervisor(self) -> None:
         """SIGUSR1: the supervisor evaluates the bookie's state now, not at its next check."""
@@ -209,7 +240,8 @@ class Shard:
         os.dup2(devnull, 1)  # nobody reads the pipe after READY: never block on a full one
         os.close(devnull)
         periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self._checkpoint_now)),
-                    self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect))]
+                    self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect)),
+                    self.loop.create_task(self._every(self.cfg.disk_check_interval_s, self._check_disks))]
         await self._stopping.wait()
         srv.close()
         ctl.close()
@@ -229,6 +261,12 @@ class Shard:
         if self._meta is not None:
             await self.loop.run_in_executor(None, self._meta.close)
         log.info("shard %d stopped", self.index)
+
+    async def _check_disks(self) -> None:
+        """The disk guard of an idle shard (with adds flowing it runs after durable blocks):
+        the journal disk can fill from outside while nothing is written."""
+        self._disks_checked = time.monotonic()
+        self._guard_disks()
 
     async def _checkpoint_now(self) -> None:
         """Run (or join) a checkpoint; its failure is logged by its done callback."""
@@ -274,7 +312,8 @@ class Shard:
         gauges = {"connections": len(server.connections), "paused_senders": len(server.paused),
                   "journal_queue_bytes": journal.queued_bytes, "write_cache_bytes": storage.write_cache_bytes,
                   "ledgers": len(storage.ledgers), "entry_log_bytes": sum(u[1] for u in usage.values()),
-                  "entry_log_live_bytes": sum(u[2] for u in usage.values()), "readonly": int(server.readonly)}
+                  "entry_log_live_bytes": sum(u[2] for u in usage.values()), "readonly": int(server.readonly),
+                  "journal_pool_bytes": sum(size for _name, size in pool_files(journal.dir))}
         return {**self.state(), "counters": counters, "gauges": gauges,
                 "histograms": {k: h.snapshot() for k, h in server.histograms.items()}}
 

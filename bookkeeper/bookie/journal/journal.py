@@ -20,6 +20,11 @@ file's generation (journal.pyx), so replay stops at them. Only with an empty poo
 new file made: zero-filled in advance by a background thread (a spare), or fallocate'd
 when rolls outpace the filler.
 
+The pool (reuse files and the spare) is room the bookie can give back: while its shard
+says the journal disk is past disk_usage_warn (`pooling` off, bookie/state.py
+journal_space), trimmed files are deleted, no spare is made (a roll with nothing ready
+fallocates), and `release` deletes pooled files on the shard's word.
+
 Version history: 1 - header without flags, seq one counter across files (still read; never
 reused). 2 - seq = generation << 32 | n; flags bit 0: reused (bytes after the last block
 may be an earlier use's).
@@ -54,6 +59,24 @@ _FILE_HEADER = struct.Struct(">4sIQ")
 _FILE_FLAGS = struct.Struct(">I")  # right after _FILE_HEADER, from version 2
 
 Record = tuple[int, int, int, bytes]
+
+
+def pool_files(directory: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """One shard journal dir's pooled files as (name, bytes allocated), oldest first: the
+    reuse files by the id they had, then the spare (made last, for the next roll)."""
+    d = Path(directory)
+    out = []
+    for path in [*sorted(d.glob(POOL_GLOB)), d / SPARE_FILE]:
+        try:
+            out.append((path.name, os.stat(path).st_blocks * 512))
+        except FileNotFoundError:
+            pass  # no spare, or taken by a roll meanwhile
+    return out
+
+
+def journal_pool_bytes(journal_dir: str | os.PathLike[str]) -> int:
+    """Bytes in every shard's pool under a bookie's journal_dir (shard-<i>/): room it can give back."""
+    return sum(size for shard in Path(journal_dir).glob("shard-*") for _name, size in pool_files(shard))
 
 
 @dataclass(slots=True)
@@ -96,6 +119,9 @@ class Journal:
         self.preallocate_bytes = preallocate_bytes
         self.file_max_bytes = file_max_bytes
         self.reuse_files = reuse_files
+        # Trimmed files go to the pool and a spare is kept ready; off while the journal disk
+        # is past disk_usage_warn (the shard says so: bookie/state.py journal_space).
+        self.pooling = True
         self.file_id = 0
         self._fd = -1
         self._pos = 0
@@ -160,10 +186,11 @@ class Journal:
                 ready = True
             else:
                 log.warning("journal %s: preparing the spare file failed: %s", self.dir, spare.exception())
-        if not ready and self._spare is not None:
+        if not ready and (self._spare is not None or not self.pooling):
             # Rolls outpace the filler (hundreds of MB/s): never stall the shard on it. This
             # file is only fallocate'd (slower syncs, docs/performance.md); the spare, once
-            # filled, serves the next roll.
+            # filled, serves the next roll. Without pooling (a disk short of room) there is
+            # no spare, and zero-filling here would stall the shard at every roll.
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.posix_fallocate(fd, 0, self.preallocate_bytes)
@@ -182,7 +209,7 @@ class Journal:
         self._pos = BLOCK_ALIGN
         self._blocks_in_file = 0
         self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
-        if self._spare is None and not pool:  # the next roll has nothing written to take
+        if self._spare is None and not pool and self.pooling:  # the next roll has nothing written to take
             if self._filler is None:
                 self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
             self._spare = self._filler.submit(zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
@@ -244,19 +271,41 @@ class Journal:
 
     def trim(self, mark_file_id: int) -> int:
         """Retire journal files wholly before the checkpoint mark into the reuse pool (while it
-        has room, format 2 only), else delete them; returns how many were retired."""
+        has room and pooling is on, format 2 only), else delete them; returns how many were
+        retired."""
         removed = 0
         pooled = len(self.pool())
         for fid in self.file_ids():
             if fid < mark_file_id and fid != self.file_id:
                 path = self._path(fid)
-                if pooled < self.reuse_files and _file_version(path) >= 2:
+                if self.pooling and pooled < self.reuse_files and _file_version(path) >= 2:
                     os.rename(path, self.dir / f"reuse-{fid:016x}.jnl.tmp")
                     pooled += 1
                 else:
                     path.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+    def release(self, names: list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
+        """Delete these pooled files (names from pool_files); returns what was freed as (name,
+        bytes). A spare still being filled stays (its thread writes on): it goes at a later
+        call, once done; a name no longer pooled (taken by a roll) is skipped."""
+        freed = []
+        for name in names:
+            if name == SPARE_FILE:
+                if self._spare is not None and not self._spare.done():
+                    continue
+                self._spare = None
+            elif not (name.startswith("reuse-") and name.endswith(".jnl.tmp")):
+                raise ValueError(f"{name!r} is not a pooled journal file")
+            path = self.dir / name
+            try:
+                size = os.stat(path).st_blocks * 512
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            freed.append((name, size))
+        return freed
 
     # -- group commit ----------------------------------------------------------
     @property
