@@ -68,8 +68,9 @@ class Auditor:
 
     def __init__(self, bk: BookKeeper, urm: UnderReplicationManager, *, lost_bookie_delay_s: float,
                  audit_interval_s: float, stats: AuditorStats,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, bookie_id: str | None = None) -> None:
         self.bk = bk
+        self.bookie_id = bookie_id  # the bookie this candidate runs in, named in its election node
         self.urm = urm
         self.delay_s = lost_bookie_delay_s
         self.interval_s = audit_interval_s
@@ -105,7 +106,7 @@ class Auditor:
     async def _stand(self, stop: asyncio.Event, enabled: Switch) -> None:
         """One look at the election: audit if first, else wait on the predecessor."""
         if self.node is None:
-            self.node = await self.bk.metadata_call(self.urm.join_election)
+            self.node = await self.bk.metadata_call(self.urm.join_election, self.bookie_id)
             log.info("auditor candidate %s", self.node)
         self._poke.event.clear()
         candidates = await self.bk.metadata_call(self.urm.candidates)

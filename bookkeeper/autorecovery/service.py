@@ -39,7 +39,7 @@ class AutoRecoveryService:
     """Auto-recovery for one cluster: auditor candidate + replication worker (thread + loop)."""
 
     def __init__(self, metadata_uri: str, *, lost_bookie_delay_s: float, open_ledger_rereplication_grace_s: float,
-                 audit_interval_s: float) -> None:
+                 audit_interval_s: float, bookie_id: str | None = None) -> None:
         if lost_bookie_delay_s < 0 or open_ledger_rereplication_grace_s < 0:
             raise ConfigError("lost_bookie_delay_s and open_ledger_rereplication_grace_s must be >= 0")
         if audit_interval_s <= 0:
@@ -48,6 +48,7 @@ class AutoRecoveryService:
         self.lost_bookie_delay_s = lost_bookie_delay_s
         self.grace_s = open_ledger_rereplication_grace_s
         self.audit_interval_s = audit_interval_s
+        self.bookie_id = bookie_id  # the bookie it runs in (None: `bk autorecovery run`): the auditor's name
         self.auditor_stats = AuditorStats()
         self.replication_stats = ReplicationStats()
         self._switch: Switch | None = None
@@ -114,7 +115,8 @@ class AutoRecoveryService:
             enabled = self._switch = Switch(loop, await bk.metadata_call(urm.is_enabled))
             await bk.metadata_call(urm.watch_enabled, enabled.set_threadsafe)
             auditor = Auditor(bk, urm, lost_bookie_delay_s=self.lost_bookie_delay_s,
-                              audit_interval_s=self.audit_interval_s, stats=self.auditor_stats)
+                              audit_interval_s=self.audit_interval_s, stats=self.auditor_stats,
+                              bookie_id=self.bookie_id)
             worker = self._worker = ReplicationWorker(bk, urm, grace_s=self.grace_s, stats=self.replication_stats)
 
             def on_state(state: str) -> None:  # kazoo's thread

@@ -29,3 +29,20 @@ def zero_fill(path: Path, size: int) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace path's content durably and all at once: a crash leaves the old file or the new
+    one, never a torn one (a temporary file in the same directory, fsync'd, renamed over it,
+    the directory fsync'd)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

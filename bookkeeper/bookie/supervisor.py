@@ -10,7 +10,13 @@ naming the mismatch, rather than serve with lost data.
 
 Registration: once every shard answers on its port, the supervisor creates the
 ephemeral znode listing all shard addresses; a stale one from a killed
-predecessor is taken over. A shard that dies is restarted on the same port.
+predecessor is taken over. A shard that dies is restarted on the same port. Once
+registered it tells systemd READY=1 (a Type=notify unit, sdnotify.py), and STOPPING=1
+when a graceful stop begins.
+
+Maintenance switch: an operator can switch the bookie read-only
+(PUT /api/v1/bookie/state/readonly); the switch is kept in READONLY_FILE in the journal
+dir, next to the cookie, so a restart keeps it until it is switched back.
 """
 from __future__ import annotations
 
@@ -29,8 +35,10 @@ from typing import Any
 
 from bookkeeper.bookie import control
 from bookkeeper.bookie.admin import start_admin_http
+from bookkeeper.bookie.files import write_atomic
 from bookkeeper.bookie.journal.syncer import probe_io_uring
-from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, disk_usage, next_dir_state
+from bookkeeper.bookie.sdnotify import sd_notify
+from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, measure_dir, next_dir_state
 from bookkeeper.config import BookieConfig
 from bookkeeper.errors import BKError, CookieMismatchError
 from bookkeeper.meta.zk import ZkMetadataStore
@@ -39,6 +47,7 @@ from bookkeeper.procs import module_command
 log = logging.getLogger("bookkeeper.supervisor")
 COOKIE_FILE = "COOKIE"
 COOKIE_VERSION = 1
+READONLY_FILE = "READONLY"  # the operator's maintenance switch, JSON {"readonly": bool, "changed_ms": N}
 SHARD_START_TIMEOUT_S = 120.0
 FAILED_SHARD_RESTART_S = 5.0  # a shard whose journal failed is restarted this long after, once its disk has room
 
@@ -49,7 +58,7 @@ def start_autorecovery(cfg: BookieConfig) -> Any:
 
     service = AutoRecoveryService(cfg.metadata_uri, lost_bookie_delay_s=cfg.lost_bookie_delay_s,
                                   open_ledger_rereplication_grace_s=cfg.open_ledger_rereplication_grace_s,
-                                  audit_interval_s=cfg.audit_interval_s)
+                                  audit_interval_s=cfg.audit_interval_s, bookie_id=cfg.id)
     service.start()
     return service
 
@@ -93,6 +102,31 @@ def check_cookies(cfg: BookieConfig, store: ZkMetadataStore) -> None:
                                       f"{'has no cookie (wiped?)' if c is None else 'carries a different cookie (swapped?)'}")
 
 
+def load_readonly_switch(directory: str | os.PathLike[str]) -> bool:
+    """The operator's maintenance switch as persisted in the bookie's journal dir: off when it
+    was never set. A file that cannot be read keeps the bookie read-only (said in the log):
+    an operator meant something, and writable is the state that can do harm."""
+    path = Path(directory) / READONLY_FILE
+    try:
+        value = json.loads(path.read_text())["readonly"]
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.error("maintenance switch %s unreadable (%s): read-only until an operator sets it again", path, e)
+        return True
+    if not isinstance(value, bool):
+        log.error("maintenance switch %s holds %r, not a bool: read-only until an operator sets it again",
+                  path, value)
+        return True
+    return value
+
+
+def save_readonly_switch(directory: str | os.PathLike[str], on: bool) -> None:
+    """Persist the maintenance switch (atomically: a crash leaves the old value or the new)."""
+    data = json.dumps({"readonly": on, "changed_ms": int(time.time() * 1000)}).encode()
+    write_atomic(Path(directory) / READONLY_FILE, data)
+
+
 def lock_directories(cfg: BookieConfig) -> list[int]:
     """Hold an exclusive lock on every directory for the bookie's life (released when the
     process dies, however it dies): a second copy of a running bookie refuses to start
@@ -129,6 +163,9 @@ class Supervisor:
         self._registration_failed = False  # the last attempt failed: the next check tries again
         self._shard_states: dict[int, str | None] = {}  # as each shard reported it at the last check
         self._decommissioning = False
+        self.manual_readonly = False  # the operator's maintenance switch (loaded in run())
+        self._eval_lock = threading.Lock()  # _evaluate: the monitor thread and an operator's switch
+        self._ready_notified = False
         self.dirs = [DirState(str(Path(cfg.journal_dir).resolve()), "journal"),
                      *(DirState(str(Path(d).resolve()), "ledger") for d in cfg.ledger_dirs)]
         self.failed_shards: dict[int, str] = {}
@@ -170,6 +207,10 @@ class Supervisor:
         http = None
         try:
             check_cookies(cfg, self.store)
+            self.manual_readonly = load_readonly_switch(cfg.journal_dir)
+            if self.manual_readonly:
+                log.warning("bookie %s starts read-only: an operator's maintenance switch is on (%s)", cfg.id,
+                            Path(cfg.journal_dir) / READONLY_FILE)
             self._choose_syncer()
             signal.signal(signal.SIGUSR1, lambda *_: self._wake.set())  # a shard failed: look now
             for i in range(cfg.shards):
@@ -214,8 +255,8 @@ class Supervisor:
     def _measure_disks(self) -> None:
         cfg = self.cfg
         for i, prev in enumerate(self.dirs):
-            try:
-                usage = disk_usage(prev.path)[2]
+            try:  # the journal's pool counts as free: the shards give it back (state.journal_space)
+                usage = measure_dir(prev.path, prev.kind, warn=cfg.disk_usage_warn, lwm=cfg.disk_usage_lwm).usage
             except OSError as e:  # the disk is gone: as good as full
                 log.error("cannot measure %s dir %s: %s", prev.kind, prev.path, e)
                 usage = 1.0
@@ -252,22 +293,68 @@ class Supervisor:
                 del self._failed_since[i]
 
     def _evaluate(self) -> None:
-        """Measure, decide (state.bookie_state) and, on a change, move shards and registration."""
-        self._measure_disks()
-        self._poll_shards()
-        state, reason = bookie_state(forced=self.cfg.readonly, decommissioning=self._decommissioning,
-                                     dirs=self.dirs, failed_shards=self.failed_shards)
-        changed = (state, reason) != (self.state, self.reason)
-        self.state, self.reason = state, reason
-        # A shard may have turned itself read-only (its journal dir filled between two checks):
-        # the bookie's state is the supervisor's to decide, and every shard follows it.
-        out_of_step = any(s != state for s in self._shard_states.values())
-        if changed or out_of_step:
-            if changed:
-                log.warning("bookie %s is now %s%s", self.cfg.id, state, f": {reason}" if reason else "")
-            self._tell_shards()
-        if changed or self._registered_readonly is None or self._registration_failed:
-            self._register()
+        """Measure, decide (state.bookie_state) and, on a change, move shards and registration.
+        Serialized: the monitor thread and an operator's switch (admin HTTP thread) both call it."""
+        with self._eval_lock:
+            self._measure_disks()
+            self._poll_shards()
+            state, reason = bookie_state(forced=self.cfg.readonly, decommissioning=self._decommissioning,
+                                         dirs=self.dirs, failed_shards=self.failed_shards,
+                                         manual=self.manual_readonly)
+            changed = (state, reason) != (self.state, self.reason)
+            self.state, self.reason = state, reason
+            # A shard may have turned itself read-only (its journal dir filled between two checks):
+            # the bookie's state is the supervisor's to decide, and every shard follows it.
+            out_of_step = any(s != state for s in self._shard_states.values())
+            if changed or out_of_step:
+                if changed:
+                    log.warning("bookie %s is now %s%s", self.cfg.id, state, f": {reason}" if reason else "")
+                self._tell_shards()
+            if changed or self._registered_readonly is None or self._registration_failed:
+                self._register()
+            if changed and self._ready_notified:
+                sd_notify(f"STATUS={self._status_line()}")
+            self._notify_ready()
+
+    def _status_line(self) -> str:
+        return f"{self.cfg.id} {self.state}" + (f": {self.reason}" if self.reason else "")
+
+    def _notify_ready(self) -> None:
+        """READY=1 to systemd once, when the bookie is first registered (its shards all serve by then)."""
+        if self._ready_notified or self._registered_readonly is None or self._registration_failed:
+            return
+        self._ready_notified = True
+        sd_notify(f"READY=1\nSTATUS={self._status_line()}")
+
+    def set_readonly_switch(self, on: bool) -> None:
+        """The operator's maintenance switch: persisted first (a restart keeps it), then in force
+        (shards and registration follow before this returns). The bookie is writable only when
+        neither the switch nor any other rule (a full disk, ...) holds it read-only."""
+        save_readonly_switch(self.cfg.journal_dir, on)
+        if on != self.manual_readonly:
+            log.warning("bookie %s: maintenance switch %s by an operator", self.cfg.id, "on" if on else "off")
+        self.manual_readonly = on
+        self._evaluate()
+
+    def readiness(self) -> str | None:
+        """None when the bookie is registered in ZooKeeper and every shard serves; else why not
+        (/api/v1/bookie/is_ready, for probes and deploy tools)."""
+        if self._stop.is_set():
+            return "stopping"
+        registered_readonly = self._registered_readonly
+        if registered_readonly is None or self._registration_failed or self.store is None:
+            return "not registered in ZooKeeper yet"
+        down = sorted(i for i, p in self.procs.items() if p.poll() is not None)
+        if down:
+            return f"shard(s) {down} not running"
+        silent = sorted(set(self.procs) - set(self.shard_call({"op": "stats"}, timeout_s=2.0)))
+        if silent:
+            return f"shard(s) {silent} not answering"
+        try:
+            listed = self.cfg.id in self.store.bookie_ids(readonly=registered_readonly)
+        except Exception as e:  # kazoo's errors have no common root worth naming here
+            return f"ZooKeeper not answering: {type(e).__name__}: {e}"
+        return None if listed else "registration missing in ZooKeeper (session lost?)"
 
     def _tell_shards(self) -> None:
         for i in list(self.procs):
@@ -341,6 +428,7 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         self._stop.set()
+        sd_notify("STOPPING=1")
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()

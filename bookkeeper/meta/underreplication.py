@@ -5,7 +5,8 @@ Layout under the metadata root (docs/autorecovery.md):
   underreplication/disabled                          present: auto-recovery paused (Apache's
                                                      autoRecoveryEnabled = false)
   underreplication/auditorelection/candidate-<seq>   ephemeral sequential: one per candidate,
-                                                     the lowest sequence is the auditor
+                                                     the lowest sequence is the auditor (JSON:
+                                                     owner_info, plus bookie_id in a bookie)
   underreplication/ledgers/B<6 digits>/L<10 digits>  persistent: a ledger with a segment on a
                                                      missing bookie (JSON mark, below)
   underreplication/locks/L<10 digits>                ephemeral: the worker copying that ledger
@@ -245,9 +246,11 @@ class UnderReplicationManager:
         self.zk.DataWatch(self.disabled, on_change)
 
     # -- auditor election ------------------------------------------------------
-    def join_election(self) -> str:
-        """Become a candidate; returns the name of this candidate's ephemeral sequential node."""
-        path = self.zk.create(f"{self.election}/{ELECTION_PREFIX}", json.dumps(owner_info()).encode(),
+    def join_election(self, bookie_id: str | None = None) -> str:
+        """Become a candidate; returns the name of this candidate's ephemeral sequential node.
+        bookie_id: the bookie the candidate runs in (what status() names as the auditor)."""
+        info = {**owner_info(), **({"bookie_id": bookie_id} if bookie_id else {})}
+        path = self.zk.create(f"{self.election}/{ELECTION_PREFIX}", json.dumps(info).encode(),
                               ephemeral=True, sequence=True)
         return path.rsplit("/", 1)[1]
 
@@ -268,6 +271,24 @@ class UnderReplicationManager:
     def watch_candidate(self, name: str, watch: Callable[[WatchedEvent], None]) -> bool:
         """Whether candidate `name` still exists; `watch` fires once when it changes or goes."""
         return self.zk.exists(f"{self.election}/{name}", watch=watch) is not None
+
+    def auditor_id(self) -> str | None:
+        """The elected auditor: the bookie id its candidate node names, `HOST/pid-N` for a
+        candidate outside a bookie (`bk autorecovery run`); None when no candidate stands.
+        The first candidate listed may be gone before its node is read: the next is then first."""
+        for name in self.candidates():
+            info = self.candidate_info(name)
+            if info is None:
+                continue
+            if info.get("bookie_id"):
+                return str(info["bookie_id"])
+            return f"{info['hostname']}/pid-{info['pid']}" if "hostname" in info and "pid" in info else name
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """The cluster's auto-recovery as Apache BookKeeper's /api/v1/autorecovery/status answers it:
+        {"enabled": the cluster-wide flag, "auditor": auditor_id(), "underreplicated": count()}."""
+        return {"enabled": self.is_enabled(), "auditor": self.auditor_id(), "underreplicated": self.count()}
 
     def leave_election(self, name: str) -> None:
         try:
