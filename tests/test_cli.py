@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.metadata
 import json
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -427,7 +430,11 @@ def test_autorecovery_status_and_list_on_a_cluster_without_auto_recovery(cluster
     r = bk("autorecovery", "status", "--json", uri=cluster5.metadata_uri)
     assert_ok(r)
     status = json.loads(r.out)
-    assert status["auditor"] is None and status["candidates"] == 0 and status["under_replicated"] == 0
+    # Apache BookKeeper's object first (what every bookie's /api/v1/autorecovery/status answers) ...
+    assert {k: status[k] for k in ("enabled", "auditor", "underreplicated")} == {
+        "enabled": True, "auditor": None, "underreplicated": 0}
+    # ... then this view's own keys
+    assert status["candidates"] == 0 and status["under_replicated"] == 0 and status["auditor_node"] is None
     assert status["enabled"] is True and len(status["bookies"]["writable"]) == len(cluster5.bookies)
     r = bk("autorecovery", "list", "--json", uri=cluster5.metadata_uri)
     assert_ok(r)
@@ -453,11 +460,55 @@ def test_recover_and_decommission_of_an_unknown_bookie_change_nothing(cluster5: 
         zk.close()
 
 
+@pytest.mark.parametrize("command", ["gc", "info"])
 @pytest.mark.parametrize("http", ["localhost", "localhost:http", ":8000", "127.0.0.1:0", "127.0.0.1:70000"])
-def test_bookie_gc_with_a_bad_host_port_is_a_usage_error(http: str) -> None:
-    r = bk("bookie", "gc", "--http", http)
+def test_bookie_gc_and_info_with_a_bad_host_port_is_a_usage_error(command: str, http: str) -> None:
+    r = bk("bookie", command, "--http", http)
     assert r.returncode == 2
     assert_one_line_error(r, mentions="HOST:PORT")
+
+
+def test_bookie_info_of_an_unreachable_bookie_is_one_line_error() -> None:
+    from bookkeeper.testing.cluster import free_port_block
+
+    r = bk("bookie", "info", "--http", f"127.0.0.1:{free_port_block()}")
+    assert r.returncode == 1
+    assert_one_line_error(r, mentions="cannot reach the admin HTTP")
+
+
+def _io_uring_line(directory: Path) -> str:
+    from bookkeeper.bookie.journal.syncer import probe_io_uring
+
+    reason = probe_io_uring(str(directory))
+    return "io_uring available" if reason is None else f"io_uring unavailable: {reason}"
+
+
+def test_version_prints_the_distribution_version_first_then_commit_python_liburing_io_uring(tmp_path: Path) -> None:
+    """`bk --version` from this checkout: the distribution's version, the checkout's commit,
+    Python, liburing, and what the bookie's own io_uring probe says on this kernel."""
+    r = bk("--version")
+    assert_ok(r)
+    lines = r.out.splitlines()
+    assert lines[0] == f"bookkeeper-py {importlib.metadata.version('bookkeeper-py')}"
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert lines[1] in (f"commit {head}", f"commit {head} (with uncommitted changes)"), lines
+    assert lines[2:] == [f"Python {platform.python_version()} ({platform.python_implementation()})",
+                         f"liburing {importlib.metadata.version('liburing')}", _io_uring_line(tmp_path)]
+
+
+def test_version_outside_a_checkout_leaves_the_commit_out(tmp_path: Path) -> None:
+    """The package run from a copy that is no git checkout (as an installed wheel is): no commit
+    line, the rest as from the checkout."""
+    shutil.copytree(REPO / "bookkeeper", tmp_path / "bookkeeper", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "--version"], cwd=tmp_path, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"bookkeeper-py {importlib.metadata.version('bookkeeper-py')}"
+    assert not any(line.startswith("commit") for line in lines) and len(lines) == 4, lines
 
 
 def test_bookie_without_conf_or_sub_command_is_a_usage_error() -> None:

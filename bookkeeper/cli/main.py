@@ -234,12 +234,14 @@ async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
     store = bk.store
 
     def look() -> dict[str, Any]:
+        # The object every bookie's /api/v1/autorecovery/status answers, then what only this view adds.
+        status = urm.status()
         candidates = urm.candidates()
-        auditor = urm.candidate_info(candidates[0]) if candidates else None
+        node = urm.candidate_info(candidates[0]) if candidates else None
         writable, readonly = store.bookie_ids(), store.bookie_ids(readonly=True)
-        return {"enabled": urm.is_enabled(),
-                "auditor": {"node": candidates[0], **auditor} if auditor else None,
-                "candidates": len(candidates), "under_replicated": urm.count(), "locked": urm.locked_count(),
+        return {**status, "under_replicated": status["underreplicated"],
+                "auditor_node": {"node": candidates[0], **node} if node else None,
+                "candidates": len(candidates), "locked": urm.locked_count(),
                 "bookies": {"writable": sorted(writable), "readonly": sorted(readonly),
                             "absent": sorted(set(store.list_cookies()) - writable - readonly)}}
     status = await bk.metadata_call(look)
@@ -248,8 +250,9 @@ async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
         return 0
     table = Table("", "")
     table.add_row("enabled", str(status["enabled"]))
-    a = status["auditor"]
-    table.add_row("auditor", f"{a['node']} ({a.get('hostname')}, pid {a.get('pid')})" if a else "none elected")
+    a = status["auditor_node"]
+    table.add_row("auditor", f"{status['auditor']} ({a['node']} on {a.get('hostname')}, pid {a.get('pid')})"
+                  if a else status["auditor"] or "none elected")
     table.add_row("candidates", str(status["candidates"]))
     table.add_row("under-replicated ledgers", str(status["under_replicated"]))
     table.add_row("ledgers being replicated", str(status["locked"]))
@@ -340,24 +343,50 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def cmd_bookie_gc(args: argparse.Namespace) -> int:
-    """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed."""
+def _admin_request(http: str, path: str, *, method: str = "GET", timeout_s: float) -> Any:
+    """One request to a bookie's admin HTTP (--http HOST:PORT); its JSON answer. An error
+    answer is a BKError, an unreachable bookie a BookieUnavailableError (one line each)."""
     import urllib.error
     import urllib.request
 
     from bookkeeper.errors import BookieUnavailableError
 
-    host, port = _host_port(args.http)
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/api/v1/bookie/gc"
+    host, port = _host_port(http)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}{path}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
-                                    timeout=args.timeout_s) as r:
-            result = json.loads(r.read())
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"" if method != "GET" else None,
+                                                           method=method), timeout=timeout_s) as r:
+            return json.loads(r.read())
     except urllib.error.HTTPError as e:
         raise BKError(f"{url}: HTTP {e.code} {e.read()[:200].decode('utf-8', 'replace').strip()}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise BookieUnavailableError(f"cannot reach the admin HTTP at {host}:{port}: {reason}") from None
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):,.1f} MiB"
+
+
+def cmd_bookie_info(args: argparse.Namespace) -> int:
+    """GET /api/v1/bookie/info: ledgers held, each dir's room and the journal pool's bytes."""
+    info = _admin_request(args.http, "/api/v1/bookie/info", timeout_s=args.timeout_s)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"bookie {info['bookie_id']}: {info['ledgers']} ledger(s)")
+    for d in info["dirs"]:  # plain lines, not a table: a path is never wrapped or cut
+        pool = f", journal pool {_mib(d.get('pool_bytes', 0))}" if d["kind"] == "journal" else ""
+        print(f"{d['kind']:<8} {d['path']}: {_mib(d['free_bytes'])} free of {_mib(d['total_bytes'])}{pool}, "
+              f"usage {d['usage']:.1%}{' (full: read-only threshold)' if d['full'] else ''}")
+    print("usage counts the journal pool (trimmed files kept for reuse, the spare) as free: the bookie gives it "
+          "back when the disk needs the room")
+    return 0
+
+
+def cmd_bookie_gc(args: argparse.Namespace) -> int:
+    """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed."""
+    result = _admin_request(args.http, "/api/v1/bookie/gc", method="POST", timeout_s=args.timeout_s)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -379,7 +408,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     from bookkeeper.config import BookieConfig
 
     if not args.conf:
-        raise UsageError("bk bookie needs --conf FILE.toml (or a sub-command: gc)")
+        raise UsageError("bk bookie needs --conf FILE.toml (or a sub-command: gc, info)")
 
     logging.getLogger().setLevel(logging.INFO)
     overrides = {"metadata_uri": getattr(args, "metadata_uri", None)}
@@ -523,7 +552,7 @@ class _null:
 
 # -- parser ------------------------------------------------------------------------
 def _add_bookie_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    """`bookie --conf F` runs a bookie; `bookie gc --http HOST:PORT` acts on a running one."""
+    """`bookie --conf F` runs a bookie; `bookie gc|info --http HOST:PORT` act on a running one."""
     s = sub.add_parser("bookie", parents=[common], help="run one bookie (--conf), or act on a running one")
     s.add_argument("--conf", default=None)
     s.set_defaults(func=cmd_bookie)
@@ -533,6 +562,11 @@ def _add_bookie_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--timeout-s", type=float, default=3600.0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bookie_gc)
+    s = bsub.add_parser("info", parents=[common], help="a bookie's ledgers, disks and journal pool")
+    s.add_argument("--http", required=True, metavar="HOST:PORT", help="the bookie's admin HTTP (http_port)")
+    s.add_argument("--timeout-s", type=float, default=30.0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_bookie_info)
 
 
 def _add_autorecovery_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -568,12 +602,28 @@ def _add_autorecovery_parsers(sub: Any, common: argparse.ArgumentParser) -> None
         s.set_defaults(func=fn)
 
 
+class _VersionAction(argparse.Action):
+    """--version: print the version report (bookkeeper/cli/version.py) and exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from bookkeeper.cli.version import version_lines
+
+        print("\n".join(version_lines()))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--metadata-uri", default=argparse.SUPPRESS, help="zk://host:port/ledgers (env BK_METADATA_URI)")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log to stderr")
 
     p = argparse.ArgumentParser(prog="bk", description="BookKeeper in Python", parents=[common])
+    p.add_argument("--version", action=_VersionAction,
+                   help="package version, commit, Python, liburing, io_uring here; then exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("sandbox", parents=[common], help="local cluster: ZooKeeper + N bookies")
