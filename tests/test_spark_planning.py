@@ -1,8 +1,9 @@
 """The Spark source without Spark: the ledgers option, entry-range splitting and ordering, option
-validation, chunk sizes, and that `import bookkeeper` never imports pyspark.
+validation, chunk sizes, the data-loss decisions of failOnDataLoss, and that `import bookkeeper`
+never imports pyspark.
 
 Reference: issue 12 (partitions of at most max_entries_per_partition, bounded memory per
-partition); docs/api.md section 7 (options).
+partition); issue 22 item 5 (failOnDataLoss, as Kafka's source); docs/api.md section 7 (options).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from bookkeeper import errors
 from bookkeeper.meta.ledger_metadata import DigestType
 from bookkeeper.spark.options import BATCH_BYTES, BATCH_ROWS_MAX, SourceOptions, chunk_entries
-from bookkeeper.spark.planning import Bounds, LedgerRange, balance, parse_ledgers, split_ledger
+from bookkeeper.meta.streams import Segment
+from bookkeeper.spark.planning import (Bounds, Gap, LedgerRange, Verdict, balance, describe_gap, find_gap, judge,
+                                       parse_ledgers, split_ledger)
 from bookkeeper.stream import Position
 
 
@@ -86,14 +89,18 @@ def test_options_parse_and_validate() -> None:
     """Defaults, case-insensitive keys, positions, and one error per bad option naming it."""
     o = SourceOptions.parse({"metadata_uri": "zk://h:1/l", "ledgers": "1-3", "PASSWORD": "pw",
                              "include_open": "TRUE", "startingOffsets": "2:0:5"})
-    assert (o.password, o.include_open, o.digest, o.starting, o.ending) == (
-        b"pw", True, DigestType.CRC32C, Position(2, 0, 5), "latest")
+    assert (o.password, o.include_open, o.digest, o.starting, o.ending, o.fail_on_data_loss) == (
+        b"pw", True, DigestType.CRC32C, Position(2, 0, 5), "latest", True)
+    assert not SourceOptions.parse({"metadata_uri": "zk://h:1", "stream": "s", "FAILONDATALOSS": " False"}) \
+        .fail_on_data_loss
     bad = [({}, "metadata_uri"), ({"metadata_uri": "zk://h:1"}, "exactly one"),
            ({"metadata_uri": "zk://h:1", "ledgers": "1", "stream": "s"}, "exactly one"),
            ({"metadata_uri": "zk://h:1", "ledgers": "1", "digest": "md5"}, "digest"),
            ({"metadata_uri": "zk://h:1", "ledgers": "1", "include_open": "yes"}, "include_open"),
            ({"metadata_uri": "zk://h:1", "stream": "s", "maxRecordsPerTrigger": "-4"}, "maxRecordsPerTrigger"),
-           ({"metadata_uri": "zk://h:1", "stream": "s", "startingOffsets": "soon"}, "SEQ:ENTRY:SLOT")]
+           ({"metadata_uri": "zk://h:1", "stream": "s", "startingOffsets": "soon"}, "SEQ:ENTRY:SLOT"),
+           ({"metadata_uri": "zk://h:1", "stream": "s", "failOnDataLoss": "no"},
+            "option failOnDataLoss must be true or false, not 'no'")]
     for options, mentions in bad:
         with pytest.raises(errors.BKError, match=mentions):
             SourceOptions.parse(options)
@@ -106,6 +113,67 @@ def test_chunks_bound_a_partition_readers_memory(planned: int, entries: int) -> 
     n = chunk_entries(planned, entries)
     per_entry = max(1, planned // entries)
     assert 1 <= n <= BATCH_ROWS_MAX and (n == 1 or n * per_entry <= BATCH_BYTES)
+
+
+def _seg(seq: int, state: str = "closed", records: int = 10, last_entry: int = 4) -> Segment:
+    return Segment(seq=seq, ledger_id=100 + seq, state=state, records=records, last_entry=last_entry)
+
+
+P = Position
+
+
+@pytest.mark.parametrize("start,segments,next_seq,gap", [
+    # start's segment survives, or is not made yet: nothing jumped over
+    (P(2, 3, 1), [_seg(2), _seg(3, "open")], 4, None),
+    (P(4, 0, 0), [_seg(2), _seg(3)], 4, None),
+    # a hole above a survivor: an empty segment a writer retired, never retention's
+    (P(3, 0, 0), [_seg(2), _seg(4)], 5, None),
+    (P(4, 0, 0), [_seg(2)], 5, None),
+    # the oldest segments removed under the start: their nodes are gone with their figures
+    (P(1, 0, 5), [_seg(3), _seg(4, "open")], 5, Gap(P(1, 0, 5), P(3, 0, 0), (1, 2), (), 3)),
+    (P(2, 0, 0), [_seg(3)], 4, Gap(P(2, 0, 0), P(3, 0, 0), (2,), (), 3)),
+    # no survivor at all: resume where the next segment will start
+    (P(2, 1, 0), [], 4, Gap(P(2, 1, 0), P(4, 0, 0), (2, 3), (), None)),
+    # nodes still marked truncated (a deletion under way) name their ledgers, and show what
+    # held nothing from the start: a start past a segment's end, an empty segment
+    (P(1, 0, 0), [_seg(1, "truncated"), _seg(2, "truncated"), _seg(3)], 4,
+     Gap(P(1, 0, 0), P(3, 0, 0), (1, 2), (101, 102), 3)),
+    (P(1, 5, 0), [_seg(1, "truncated"), _seg(2, "truncated", records=0, last_entry=-1), _seg(3)], 4, None),
+    (P(1, 5, 0), [_seg(1, "truncated"), _seg(3)], 4, Gap(P(1, 5, 0), P(3, 0, 0), (2,), (), 3)),
+    (P(1, 4, 2), [_seg(1, "truncated"), _seg(3)], 4, Gap(P(1, 4, 2), P(3, 0, 0), (1, 2), (101,), 3)),
+])
+def test_find_gap_names_the_removed_segments_a_start_jumps_over(start, segments, next_seq, gap) -> None:
+    """Retention and truncation remove a stream's oldest segments only: a start below every
+    survivor, in a removed segment, jumps a gap; a hole above a survivor is an empty segment."""
+    assert find_gap(start, segments, next_seq) == gap
+
+
+GAP = Gap(P(1, 0, 5), P(3, 0, 0), (1, 2), (), 3)
+TAIL = Gap(P(2, 1, 0), P(4, 0, 0), (2, 3), (), None)
+
+
+@pytest.mark.parametrize("gap,after,first,verdict", [
+    (None, None, None, Verdict.NONE),
+    (GAP, None, 20, Verdict.LOST),       # a start without its txid (a position given by the user)
+    (TAIL, 4, None, Verdict.LOST),       # no survivor past the gap
+    (GAP, 4, None, Verdict.WAIT),        # the survivor holds no record yet
+    (GAP, 19, 20, Verdict.NONE),         # the next txid follows the last read: nothing between
+    (GAP, 4, 20, Verdict.LOST),
+    (GAP, 30, 0, Verdict.LOST),          # txids started again: what lay between is unknown
+])
+def test_judge_is_its_docstring_table(gap, after, first, verdict) -> None:
+    """The verdict table of planning.judge, row by row."""
+    assert judge(gap, after, first) is verdict
+
+
+def test_describe_gap_says_the_range_and_what_is_known_of_it() -> None:
+    """Positions always; segments as a run or a list; ledger ids while known; txids when both ends are."""
+    assert describe_gap(GAP, 4, 20) == "positions 1:0:5 up to 3:0:0 (segments 1..2; txids 5..19)"
+    assert describe_gap(GAP, None, 20) == "positions 1:0:5 up to 3:0:0 (segments 1..2)"
+    marked = Gap(P(1, 0, 0), P(5, 0, 0), (1, 3), (101, 103), 5)
+    assert describe_gap(marked, None, None) == "positions 1:0:0 up to 5:0:0 (segments 1, 3, ledgers 101, 103)"
+    one = Gap(P(2, 0, 0), P(3, 0, 0), (2,), (102,), 3)
+    assert describe_gap(one, 7, 8) == "positions 2:0:0 up to 3:0:0 (segment 2, ledger 102)"
 
 
 def test_importing_bookkeeper_never_imports_pyspark() -> None:

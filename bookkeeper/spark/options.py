@@ -58,6 +58,7 @@ class SourceOptions:
     ending: str | Position = "latest"
     max_records_per_trigger: int | None = None
     pushdown_filters: bool = False
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -81,7 +82,8 @@ class SourceOptions:
                    starting=_offset("startingOffsets", o.get("startingoffsets"), "earliest"),
                    ending=_offset("endingOffsets", o.get("endingoffsets"), "latest"),
                    max_records_per_trigger=_positive("maxRecordsPerTrigger", o.get("maxrecordspertrigger")),
-                   pushdown_filters=_bool("pushdown_filters", o.get("pushdown_filters", "false")))
+                   pushdown_filters=_bool("pushdown_filters", o.get("pushdown_filters", "false")),
+                   fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")))
 
 
 def chunk_entries(planned_bytes: int, entries: int) -> int:
