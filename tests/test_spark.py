@@ -1,13 +1,16 @@
 """The "bookkeeper" Spark source on a real local[2] SparkSession and a real cluster.
 
-Reference: issue 12's acceptance list; docs/api.md section 7; PySpark 4's Python Data Source API
-(pyspark.sql.datasource). Checked: rows equal what was written (count and a CRC sum per
-ledger computed in Spark), partitions as the options say, open ledgers skipped or read to
-their LAC without fencing, a killed bookie, a corrupt entry on every replica, stream reads by
-position, and a streaming query stopped and restarted from its checkpoint.
+Reference: issue 12's acceptance list; issue 22 item 5 (failOnDataLoss, as Kafka's source);
+docs/api.md section 7; PySpark 4's Python Data Source API (pyspark.sql.datasource). Checked:
+rows equal what was written (count and a CRC sum per ledger computed in Spark), partitions as
+the options say, open ledgers skipped or read to their LAC without fencing, a killed bookie, a
+corrupt entry on every replica, stream reads by position, a streaming query stopped and
+restarted from its checkpoint, and truncation under a query (between two triggers, under a
+start position, between planning and reading) failing it or skipped, logged and counted.
 """
 from __future__ import annotations
 
+import re
 import time
 import zlib
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from bookkeeper.stream import Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
-pytestmark = [pytest.mark.cluster, pytest.mark.runtime(185)]
+pytestmark = [pytest.mark.cluster, pytest.mark.runtime(230)]
 PASSWORD = b"spark"
 BIG = 10_000  # entries of the one big ledger: 4 partitions at max_entries_per_partition=3000
 
@@ -287,7 +290,8 @@ def _wait_rows(q: Any, rows: int, seen: int = 0, timeout_s: float = 180.0) -> No
 
 
 def test_position_offsets_are_readable_json(spark, cluster) -> None:
-    """The streaming source's offsets are {"position": "SEQ:ENTRY:SLOT"}: what a person reads in the offset log."""
+    """The streaming source's offsets are {"position": "SEQ:ENTRY:SLOT"} and, when known, the txid
+    of the record before that position: what a person reads in the offset log."""
     from bookkeeper.spark.options import SourceOptions
     from bookkeeper.spark.source import StreamReader
     with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, "spark") as ns:
@@ -299,5 +303,196 @@ def test_position_offsets_are_readable_json(spark, cluster) -> None:
     start = r.initialOffset()
     assert start == {"position": str(Position(ps[0].segment, 0, 0))}
     end = r.latestOffset(start, r.getDefaultReadLimit())
-    assert end == {"position": str(ps[2])}
+    assert end == {"position": str(ps[2]), "after_txid": 1}
     assert r.latestOffset(end, r.getDefaultReadLimit())["position"] == str(Position(ps[0].segment + 1, 0, 0))
+
+
+# -- failOnDataLoss: retention and truncation under a query ----------------------------------------
+NS = "spark"
+
+
+def _three_segments(cluster: LocalCluster, name: str) -> list[Position]:
+    """30 records, txids 0..29, in three closed segments of one record set each (1:0:*, 2:0:*, 3:0:*)."""
+    with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, NS) as ns:
+        ns.create_stream(name)
+        with ns.open_writer(name, segment_max_records=10) as w:
+            ps = [p for i in range(0, 30, 10) for p in w.write_batch([b"%d" % k for k in range(i, i + 10)])]
+    assert [str(p) for p in ps[::10]] == ["1:0:0", "2:0:0", "3:0:0"]
+    return ps
+
+
+def _truncate(cluster: LocalCluster, name: str, before: Position) -> list[int]:
+    with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, NS) as ns:
+        return ns.truncate(name, before=before)
+
+
+def _options(name: str, cluster: LocalCluster, fail: str | None, **more: str) -> dict[str, str]:
+    """A stream source's options; fail None leaves failOnDataLoss at its default."""
+    return {"metadata_uri": cluster.metadata_uri, "stream": name, "namespace": NS, **more,
+            **({"failOnDataLoss": fail} if fail else {})}
+
+
+def _query(spark: Any, options: dict[str, str], checkpoint: Path, sink: Any) -> Any:
+    return (spark.readStream.format("bookkeeper").options(**options).load()
+            .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start())
+
+
+def _skipped(q: Any) -> dict[str, int]:
+    """The data-loss counts of the last progress that reported them (in the source's latestOffset)."""
+    import json
+    reports = [json.loads(p["sources"][0]["latestOffset"]) for p in q.recentProgress if p["sources"][0]["latestOffset"]]
+    return reports[-1]["dataLoss"]
+
+
+@pytest.mark.parametrize("fail", [None, "false"])
+def test_retention_between_two_triggers_fails_the_query_or_is_skipped_and_counted(spark, cluster, tmp_path: Path,
+                                                                               fail: str | None) -> None:
+    """A query reads 5 records a trigger from three segments of 10; between its first and second
+    trigger (inside the first batch's sink) truncation deletes segments 1 and 2, so the checkpointed
+    offset 1:0:5 lies in deleted data. By default the query fails naming the stream and the range
+    (txids 5..19: the txid before the offset is in the offset); with failOnDataLoss=false it goes on
+    from the first surviving record (txid 20) and the progress counts one range of two segments."""
+    from pyspark.errors import StreamingQueryException
+    name = f"between-{fail or 'default'}"
+    ps = _three_segments(cluster, name)
+    txids: list[int] = []
+    deleted: list[int] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        txids.extend(r["txid"] for r in df.collect())
+        if batch_id == 0:
+            deleted.extend(_truncate(cluster, name, ps[20]))
+    q = _query(spark, _options(name, cluster, fail, maxRecordsPerTrigger="5"), tmp_path, sink)
+    try:
+        if fail is None:
+            with pytest.raises(StreamingQueryException, match=re.escape(
+                    f"DataLossError: stream '{name}' (namespace 'spark'): positions 1:0:5 up to 3:0:0 "
+                    f"(segments 1..2; txids 5..19) were deleted by retention or truncation")):
+                q.processAllAvailable()
+            assert txids == list(range(5))
+        else:
+            q.processAllAvailable()
+            assert sorted(txids) == list(range(5)) + list(range(20, 30))
+            assert _skipped(q) == {"skippedRanges": 1, "skippedSegments": 2}
+    finally:
+        q.stop()
+    assert deleted == [1, 2]
+
+
+@pytest.mark.parametrize("fail", [None, "false"])
+def test_a_start_position_in_a_truncated_segment_fails_or_is_skipped(spark, cluster, tmp_path: Path,
+                                                                     fail: str | None) -> None:
+    """startingOffsets 1:0:3 after segments 1 and 2 were truncated, in a streaming query and a batch
+    read: by default both fail naming the stream and the range; with failOnDataLoss=false both read
+    segment 3 whole and the query counts the skip. A value other than true/false fails at load."""
+    from pyspark.errors import StreamingQueryException
+    name = f"start-{fail or 'default'}"
+    ps = _three_segments(cluster, name)
+    assert _truncate(cluster, name, ps[20]) == [1, 2]
+    options = _options(name, cluster, fail, startingOffsets=str(ps[3]))
+    txids: list[int] = []
+    q = _query(spark, {**options, "maxRecordsPerTrigger": "5"}, tmp_path,
+               lambda df, _batch: txids.extend(r["txid"] for r in df.collect()))
+    batch = spark.read.format("bookkeeper").options(**options).load()
+    lost = re.escape(f"DataLossError: stream '{name}' (namespace 'spark'): positions 1:0:3 up to 3:0:0 (segments 1..2) "
+                     f"were deleted by retention or truncation")
+    try:
+        if fail is None:
+            with pytest.raises(StreamingQueryException, match=lost):
+                q.processAllAvailable()
+            with pytest.raises(Exception, match=lost):
+                batch.collect()
+            assert txids == []
+        else:
+            q.processAllAvailable()
+            assert sorted(txids) == list(range(20, 30))
+            assert _skipped(q) == {"skippedRanges": 1, "skippedSegments": 2}
+            assert sorted(r["txid"] for r in batch.collect()) == list(range(20, 30))
+    finally:
+        q.stop()
+    with pytest.raises(Exception, match="option failOnDataLoss must be true or false, not 'yes'"):
+        spark.read.format("bookkeeper").options(**{**options, "failOnDataLoss": "yes"}).load()
+
+
+@pytest.mark.parametrize("unread", [0, 3])
+def test_a_deleted_segment_read_to_its_end_is_no_loss(cluster, unread: int) -> None:
+    """The driver-side reader (what Spark's planner process calls) on a query that has read an open
+    segment to its LAC; its writer is replaced (segment 1 closed, segment 2 begun) and truncation
+    deletes segment 1. While segment 2 is empty the source waits (latestOffset returns the start);
+    once it holds records, a first txid that follows the last one read means nothing was lost and
+    the query goes on under the default failOnDataLoss=true, while `unread` records written after
+    the query's end are a loss named with their txids."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from bookkeeper.spark import DataLossError
+    from bookkeeper.spark.options import SourceOptions
+    from bookkeeper.spark.source import StreamReader
+    name = f"ended-{unread}"
+    all_available = ReadAllAvailable()
+    with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, NS) as ns:
+        ns.create_stream(name)
+        r = StreamReader(SourceOptions.parse(_options(name, cluster, None)))
+        with ns.open_writer(name) as w:
+            w.write_batch([b"read"] * 10)
+            start = r.initialOffset()
+            end = r.latestOffset(start, all_available)
+            # the end of segment 1 so far: 1:1:0, or 1:2:0 after an idle writer's LAC control entry
+            assert Position.parse(end["position"])[:2] >= (1, 1) and end["after_txid"] == 9
+            assert len(r.partitions(start, end)) == 1
+            if unread:
+                w.write_batch([b"unread"] * unread)
+        with ns.open_writer(name) as w:
+            assert ns.truncate(name, before=Position(2, 0, 0)) == [1]
+            assert r.latestOffset(end, all_available) == end
+            w.write_batch([b"later"] * 5)
+            nxt = r.latestOffset(end, all_available)
+            assert Position.parse(nxt["position"])[:2] >= (2, 1) and nxt["after_txid"] == 9 + unread + 5
+            if unread:
+                with pytest.raises(DataLossError, match=re.escape(
+                        f"stream '{name}' (namespace 'spark'): positions {end['position']} up to 2:0:0 "
+                        f"(segment 1; txids 10..12)")):
+                    r.partitions(end, nxt)
+            else:
+                assert len(r.partitions(end, nxt)) == 1
+                assert r.reportLatestOffset() == {"position": nxt["position"],
+                                                  "dataLoss": {"skippedRanges": 0, "skippedSegments": 0}}
+
+
+def test_skips_are_logged_once_and_a_segment_deleted_after_planning_is_lost_too(cluster, caplog) -> None:
+    """failOnDataLoss=false logs one WARNING naming the stream and the range per skipped range
+    (Spark may plan a batch again) and counts it once. A segment deleted between planning and an
+    executor's read (truncation up to the stream's end) is lost data as well: the read fails by
+    default, and with false yields nothing and logs the range with the segment's ledger."""
+    import logging
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from bookkeeper.spark import DataLossError
+    from bookkeeper.spark.options import SourceOptions
+    from bookkeeper.spark.source import StreamReader
+    from bookkeeper.spark.streams import read_stream_range
+    name = "logged"
+    ps = _three_segments(cluster, name)
+    assert _truncate(cluster, name, ps[20]) == [1, 2]
+    failing, skipping = (SourceOptions.parse(_options(name, cluster, fail)) for fail in (None, "false"))
+    r = StreamReader(skipping)
+    start = {"position": str(ps[5])}
+    end = r.latestOffset(start, ReadMaxRows(2))
+    assert end == {"position": "3:0:2", "after_txid": 21}
+    caplog.set_level(logging.WARNING, logger="bookkeeper.spark.streams")
+    gap = f"stream '{name}' (namespace 'spark'): positions 1:0:5 up to 3:0:0 (segments 1..2) were deleted"
+    with pytest.raises(DataLossError, match=re.escape(gap)):
+        StreamReader(failing).partitions(start, end)
+    for _ in range(2):
+        parts = r.partitions(start, end)
+    assert [(p.value.seq, p.value.first, p.value.last) for p in parts] == [(3, 0, 0)]
+    assert r.reportLatestOffset()["dataLoss"] == {"skippedRanges": 1, "skippedSegments": 2}
+    assert _truncate(cluster, name, Position(4, 0, 0)) == [3]
+    planned = (f"stream '{name}' (namespace 'spark'): positions 3:0:0 up to 3:0:2 "
+               f"(segment 3, ledger {parts[0].value.ledger_id}) were deleted")
+    with pytest.raises(DataLossError, match=re.escape(planned)):
+        list(read_stream_range(failing, parts[0].value))
+    assert list(read_stream_range(skipping, parts[0].value)) == []
+    skipped = " by retention or truncation before this query read them: skipped (failOnDataLoss=false)"
+    assert [(rec.levelno, rec.getMessage()) for rec in caplog.records if rec.name == "bookkeeper.spark.streams"] == [
+        (logging.WARNING, gap + skipped), (logging.WARNING, planned + skipped)]

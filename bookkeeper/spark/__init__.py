@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bookkeeper.spark.source import BookKeeperDataSource
+from bookkeeper.spark.streams import DataLossError
 
 
 def register(spark: Any) -> None:
@@ -14,4 +15,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(BookKeeperDataSource)
 
 
-__all__ = ["BookKeeperDataSource", "register"]
+__all__ = ["BookKeeperDataSource", "DataLossError", "register"]

@@ -64,12 +64,10 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         if self.opts.ledgers is not None:
             return [_Partition(r) for r in uvloop.run(ledgers.plan_ledgers(self.opts, self.bounds))]
-        return [_Partition(r) for r in uvloop.run(self._plan_stream())]
-
-    async def _plan_stream(self) -> list[streams.StreamRange]:
-        start = await streams.resolve(self.opts, self.opts.starting)
-        end = await streams.resolve(self.opts, self.opts.ending)
-        return await streams.plan_stream(self.opts, start, end) if start < end else []
+        loss, ranges = uvloop.run(streams.plan_stream(self.opts, self.opts.starting, self.opts.ending))
+        if loss is not None:
+            streams.report_loss(self.opts, loss.describe(self.opts))
+        return [_Partition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition)
@@ -88,7 +86,8 @@ class FilteringBatchReader(BatchReader):
         rest = []
         for f in filters:
             op = _OPS.get(type(f))
-            column = f.attribute[0] if len(getattr(f, "attribute", ())) == 1 else None
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())
+            column = attribute[0] if len(attribute) == 1 else None
             value = getattr(f, "value", None)
             if (self.opts.ledgers is not None and op and column in ("ledger_id", "entry_id")
                     and type(value) is int):
@@ -109,9 +108,10 @@ def _read(opts: SourceOptions, partition: InputPartition | None) -> Iterator[pa.
     return ledgers.read_ledger_range(opts, value)
 
 
-def _offset(pos: Position) -> dict[str, Any]:
-    """Offsets are JSON in Spark's offset log: a position string, readable by people."""
-    return {"position": str(pos)}
+def _offset(pos: Position, after_txid: int | None) -> dict[str, Any]:
+    """Offsets are JSON in Spark's offset log: a position string, readable by people, and the
+    txid of the record before it when known (streams.py says why)."""
+    return {"position": str(pos)} if after_txid is None else {"position": str(pos), "after_txid": after_txid}
 
 
 def _position(offset: dict[str, Any]) -> Position:
@@ -121,15 +121,22 @@ def _position(offset: dict[str, Any]) -> Position:
 class StreamReader(DataSourceStreamReader):
     """Micro-batches of [start, end) positions; `maxRecordsPerTrigger` bounds each one.
 
+    Lives on the driver (a Python process per query run): it counts what failOnDataLoss=false
+    skipped, and reportLatestOffset shows the counts in the query's progress, the one place
+    PySpark lets a Python source put figures (it has no custom source metrics).
+
     `commit` does nothing: a query's progress lives in its checkpoint, and retention stays
     the stream's own setting (docs/spark.md says why).
     """
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        self.latest: Position | None = None
+        self.skipped: set[Position] = set()    # start positions of the ranges skipped
+        self.skipped_segments = 0
 
     def initialOffset(self) -> dict[str, Any]:
-        return _offset(uvloop.run(streams.resolve(self.opts, self.opts.starting)))
+        return _offset(*uvloop.run(streams.resolve(self.opts, self.opts.starting)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_records_per_trigger
@@ -137,23 +144,32 @@ class StreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         """The end of what is acknowledged now (new segments included), or `limit` records past start."""
-        end = uvloop.run(streams.resolve(self.opts, "latest"))
         if start is None:
-            return _offset(end)
-        first = _position(start)
-        if end <= first:
-            return start
+            self.latest, txid = uvloop.run(streams.resolve(self.opts, "latest"))
+            return _offset(self.latest, txid)
         if limit is None and self.opts.max_records_per_trigger:  # a Spark that passes no limit
             limit = ReadMaxRows(self.opts.max_records_per_trigger)
-        if isinstance(limit, ReadMaxRows):
-            end = uvloop.run(streams.advance(self.opts, first, end, limit.max_rows))
-        return _offset(end)
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        nxt = uvloop.run(streams.next_end(self.opts, _position(start), start.get("after_txid"), rows))
+        self.latest = nxt.latest
+        return start if nxt.end == _position(start) else _offset(nxt.end, nxt.after_txid)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The stream's end as last seen, and what failOnDataLoss=false skipped in this run:
+        Spark shows it as `latestOffset` in the query's progress (sources[i])."""
+        if self.latest is None:
+            return None
+        return {"position": str(self.latest),
+                "dataLoss": {"skippedRanges": len(self.skipped), "skippedSegments": self.skipped_segments}}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         a, b = _position(start), _position(end)
-        if b <= a:
-            return []
-        return [_Partition(r) for r in uvloop.run(streams.plan_stream(self.opts, a, b))]
+        loss, ranges = uvloop.run(streams.plan_stream(self.opts, a, b, start.get("after_txid")))
+        if loss is not None and a not in self.skipped:
+            streams.report_loss(self.opts, loss.describe(self.opts))
+            self.skipped.add(a)
+            self.skipped_segments += len(loss.gap.segments)
+        return [_Partition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition)
