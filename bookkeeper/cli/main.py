@@ -25,6 +25,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from bookkeeper import extras
 from bookkeeper.cli.common import UsageError, err, error_line, metadata_uri, out
 from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.errors import BKError
@@ -404,11 +405,11 @@ def cmd_bookie_gc(args: argparse.Namespace) -> int:
 
 # -- servers -----------------------------------------------------------------------
 def cmd_bookie(args: argparse.Namespace) -> int:
-    from bookkeeper.bookie.supervisor import run_bookie
-    from bookkeeper.config import BookieConfig
-
     if not args.conf:
         raise UsageError("bk bookie needs --conf FILE.toml (or a sub-command: gc, info)")
+    extras.require("bookie", what="bk bookie")
+    from bookkeeper.bookie.supervisor import run_bookie
+    from bookkeeper.config import BookieConfig
 
     logging.getLogger().setLevel(logging.INFO)
     overrides = {"metadata_uri": getattr(args, "metadata_uri", None)}
@@ -417,6 +418,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    extras.require("bookie", what="bk sandbox")
     import uvloop
 
     from bookkeeper import BookKeeper
