@@ -184,6 +184,13 @@ class WriterClosedError(BKError):
     code = 46
 
 
+class DataLossError(BKError):
+    """A stream read (the Spark source) starts in records that retention or truncation deleted
+    before it read them, and failOnDataLoss is true (the default)."""
+
+    code = 47
+
+
 _BY_STATUS: dict[int, type[BKError]] = {
     cls.code: cls
     for cls in (NoSuchLedgerError, NoSuchEntryError, LedgerFencedError, UnauthorizedError,

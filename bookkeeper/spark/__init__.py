@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bookkeeper.spark.source import BookKeeperDataSource
-from bookkeeper.spark.streams import DataLossError
+from bookkeeper.errors import DataLossError
 
 
 def register(spark: Any) -> None:

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 import bookkeeper.sync
 from bookkeeper.client.ledger import ReadHandle
-from bookkeeper.errors import BKError, NoSuchLedgerError
+from bookkeeper.errors import BKError, DataLossError, NoSuchLedgerError
 from bookkeeper.meta.streams import Segment
 from bookkeeper.spark.options import SourceOptions, chunk_entries
 from bookkeeper.spark.planning import Gap, Verdict, describe_gap, find_gap, judge
@@ -35,11 +35,6 @@ STREAM_SCHEMA = "position string, txid long, data binary"
 STREAM_ARROW = pa.schema([("position", pa.string()), ("txid", pa.int64()), ("data", pa.binary())])
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class DataLossError(BKError):
-    """A stream read starts in records that retention or truncation deleted before it read
-    them, and failOnDataLoss is true (the default)."""
 
 
 @dataclass(frozen=True, slots=True)
