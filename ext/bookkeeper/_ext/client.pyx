@@ -7,11 +7,13 @@ one frame per write-set bookie, one response per bookie, the in-order ack). Writ
 Python that was ~16 us of CPU per add, enough for one client process to saturate before
 any bookie. Here a frame is encoded straight into the connection's outbox, a receive
 buffer is parsed and dispatched in one call, and acknowledged futures are resolved in
-order by a C loop over a ring of outstanding entries.
+order by a C loop over a ring of outstanding entries, which also records each one's add
+latency into a C histogram (LatencyHistogram) as it goes.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, realloc, free
+from libc.math cimport isfinite
 from libc.string cimport memcpy, memmove
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -45,6 +47,91 @@ DIGEST_MAC = 2
 MAX_ENSEMBLE_SIZE = MAX_ENSEMBLE
 
 cdef bytes _EMPTY = b""
+
+
+cdef inline double _monotonic() noexcept nogil:
+    """CLOCK_MONOTONIC in seconds (the clock of time.monotonic(), without a Python call)."""
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return now.tv_sec + now.tv_nsec * 1e-9
+
+
+# -- latency histogram --------------------------------------------------------------
+cdef class LatencyHistogram:
+    """Counts of observed latencies over fixed upper bounds (Prometheus `le`: a value equal
+    to a bound counts in that bound's bucket; above the last bound, in +Inf), and their sum.
+
+    Lives in: the client loop (observe) and any thread that scrapes it (snapshot, under the
+    GIL: a consistent copy). Why in C: the add path observes every acknowledged entry from
+    AddTracker._advance, a C loop; a Python histogram there would be a call and a bisect
+    per entry on a path that costs ~1-3 us an add in all.
+    """
+
+    cdef double* _bounds
+    cdef uint64_t* _counts   # one per bound, then +Inf
+    cdef Py_ssize_t _n
+    cdef double _sum
+
+    def __cinit__(self, bounds):
+        """bounds: the finite upper bounds in seconds, strictly increasing (+Inf is implied)."""
+        values = [float(b) for b in bounds]
+        if not values:
+            raise ValueError("a histogram needs at least one bound")
+        cdef Py_ssize_t i
+        for i in range(len(values)):
+            if not isfinite(values[i]) or (i and values[i] <= values[i - 1]):
+                raise ValueError(f"histogram bounds must be finite and strictly increasing, got {values}")
+        self._n = len(values)
+        self._bounds = <double*>malloc(self._n * sizeof(double))
+        self._counts = <uint64_t*>malloc((self._n + 1) * sizeof(uint64_t))
+        if self._bounds == NULL or self._counts == NULL:
+            raise MemoryError()
+        for i in range(self._n):
+            self._bounds[i] = values[i]
+        for i in range(self._n + 1):
+            self._counts[i] = 0
+        self._sum = 0.0
+
+    def __dealloc__(self):
+        free(self._bounds)
+        free(self._counts)
+
+    cdef inline void _observe(self, double seconds) noexcept:
+        """Binary search for the first bound >= seconds (bisect_left), +Inf past the last."""
+        cdef Py_ssize_t lo = 0
+        cdef Py_ssize_t hi = self._n
+        cdef Py_ssize_t mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self._bounds[mid] < seconds:
+                lo = mid + 1
+            else:
+                hi = mid
+        self._counts[lo] += 1
+        self._sum += seconds
+
+    def observe(self, double seconds) -> None:
+        """Record one latency of `seconds`."""
+        self._observe(seconds)
+
+    @property
+    def bounds(self) -> tuple:
+        return tuple([self._bounds[i] for i in range(self._n)])
+
+    @property
+    def count(self) -> int:
+        """Observations so far."""
+        cdef uint64_t total = 0
+        cdef Py_ssize_t i
+        for i in range(self._n + 1):
+            total += self._counts[i]
+        return total
+
+    def snapshot(self) -> dict:
+        """{"bounds": [...], "counts": [...], "sum": s}: per-bucket (not cumulative) counts,
+        +Inf last; the shape of bookkeeper.bookie.metrics.Histogram.snapshot()."""
+        return {"bounds": [self._bounds[i] for i in range(self._n)],
+                "counts": [self._counts[i] for i in range(self._n + 1)], "sum": self._sum}
 
 
 # -- entry digests ------------------------------------------------------------------
@@ -185,10 +272,12 @@ cdef class RequestPipe:
         """Queue one request, due within timeout_s. True if the pipe is not connected: the
         caller must see that a connection is under way (its frames wait in the outbox).
         borrow: the callback gets the response payload as a view it must not keep."""
-        return self._send(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s, borrow)
+        return self._send(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s, borrow,
+                          _monotonic())
 
     cdef bint _send(self, int op, int flags, uint64_t ledger_id, int64_t entry_id, bytes key, uint32_t aux,
-                    bytes payload, callback, ctx, double timeout_s, bint borrow) except -1:
+                    bytes payload, callback, ctx, double timeout_s, bint borrow, double sent) except -1:
+        """send(), sent at `sent` (CLOCK_MONOTONIC seconds: a batch reads the clock once)."""
         if PyBytes_GET_SIZE(key) != KEY_LEN:
             raise ValueError("master_key must be 20 bytes")
         cdef Py_ssize_t plen = PyBytes_GET_SIZE(payload)
@@ -198,9 +287,6 @@ cdef class RequestPipe:
         PyByteArray_Resize(self._out, old + REQ_HEADER + plen)
         put_request(<uint8_t*>PyByteArray_AS_STRING(self._out) + old, op, flags, rid, ledger_id, entry_id,
                     PyBytes_AS_STRING(key), aux, PyBytes_AS_STRING(payload), plen)
-        cdef timespec now
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        cdef double sent = now.tv_sec + now.tv_nsec * 1e-9
         self._pending[rid] = (callback, ctx, sent + timeout_s, borrow, sent)
         if timeout_s < self._min_timeout:
             self._min_timeout = timeout_s
@@ -296,6 +382,7 @@ cdef class RequestPipe:
         cdef uint64_t rid
         cdef uint64_t generation = self._generation
         cdef AckSink sink
+        cdef double now = -1.0  # read once per buffer, at its first acknowledged entry: when it arrived
         while pos < n:
             p = base + pos
             flen = frame_len(p, n - pos, RESP_HEADER, self._max_frame)
@@ -312,7 +399,7 @@ cdef class RequestPipe:
             if type(callback) is AckSink and p[6] == 0 and p[7] == 0:  # an OK add: counted in C
                 sink = <AckSink>callback
                 try:
-                    if sink._ack(<tuple>ctx) and not sink.queued:
+                    if sink._ack(<tuple>ctx, &now) and not sink.queued:
                         sink.queued = True
                         progressed.append(sink)
                 except Exception:
@@ -394,14 +481,15 @@ cdef class AckSink:
         self.on_progress = on_progress
         self.queued = False
 
-    cdef Py_ssize_t _ack(self, tuple ctx) except -1:
+    cdef Py_ssize_t _ack(self, tuple ctx, double* now) except -1:
         """An OK response for ctx: how many entries became acknowledged (the tracker ignores a
-        slot re-sent elsewhere since, or a bookie being replaced)."""
-        return self.tracker._ack_from(ctx[0], ctx[1], ctx[2], self.failed_bookies)
+        slot re-sent elsewhere since, or a bookie being replaced). now: as for _advance."""
+        return self.tracker._ack_from(ctx[0], ctx[1], ctx[2], self.failed_bookies, now)
 
     def __call__(self, ctx, resp, err):
+        cdef double now = -1.0
         if err is None:
-            if self._ack(<tuple?>ctx):
+            if self._ack(<tuple?>ctx, &now):
                 self.on_progress()
             return None
         return self.on_response(ctx, resp, err)
@@ -412,10 +500,12 @@ cdef class AddTracker:
     """Acknowledgement state of a write handle's outstanding adds (client loop only).
 
     Entries are added in id order and stay in a ring from LAC + 1 on, each with its
-    future, its encoded payload, the bookie each ensemble slot was last sent to, and
-    bitmasks of the slots that acked or failed. An entry is acknowledged once Qa slots
-    of its write set acked and every entry before it is acknowledged: ack() then
-    resolves the futures of the whole newly acknowledged run, in order.
+    future, its encoded payload, the bookie each ensemble slot was last sent to,
+    bitmasks of the slots that acked or failed, and its send time. An entry is
+    acknowledged once Qa slots of its write set acked and every entry before it is
+    acknowledged: ack() then resolves the futures of the whole newly acknowledged run, in
+    order, and observes each one's latency (first send to acknowledgement, resends after
+    an ensemble change included: what the caller waited) into `latency` unless it is None.
     (Reference: Apache BookKeeper, PendingAddOp / RoundRobinDistributionSchedule.)
     """
 
@@ -426,13 +516,15 @@ cdef class AddTracker:
     cdef uint64_t* _acked
     cdef uint64_t* _failed
     cdef int64_t* _sizes
+    cdef double* _sent_at   # CLOCK_MONOTONIC seconds at add
+    cdef LatencyHistogram _latency
     cdef list _futures
     cdef list _payloads
     cdef list _sent
     cdef tuple _write_sets
 
     def __cinit__(self, *, int ensemble_size, int write_quorum, int ack_quorum, int64_t lac=-1,
-                  int64_t length=0):
+                  int64_t length=0, LatencyHistogram latency=None):
         if not (1 <= ack_quorum <= write_quorum <= ensemble_size):
             raise ValueError(f"need 1 <= Qa <= Qw <= E, got E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
         if ensemble_size > MAX_ENSEMBLE:
@@ -440,6 +532,7 @@ cdef class AddTracker:
         self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
         self.lac = lac
         self.length = length
+        self._latency = latency
         self._cap = 0
         self._head = 0
         self._count = 0
@@ -454,16 +547,19 @@ cdef class AddTracker:
         free(self._acked)
         free(self._failed)
         free(self._sizes)
+        free(self._sent_at)
 
     cdef int _grow(self, Py_ssize_t cap) except -1:
         """Re-lay the ring, oldest first, into arrays of cap slots."""
         cdef uint64_t* acked = <uint64_t*>malloc(cap * sizeof(uint64_t))
         cdef uint64_t* failed = <uint64_t*>malloc(cap * sizeof(uint64_t))
         cdef int64_t* sizes = <int64_t*>malloc(cap * sizeof(int64_t))
-        if acked == NULL or failed == NULL or sizes == NULL:
+        cdef double* sent_at = <double*>malloc(cap * sizeof(double))
+        if acked == NULL or failed == NULL or sizes == NULL or sent_at == NULL:
             free(acked)
             free(failed)
             free(sizes)
+            free(sent_at)
             raise MemoryError()
         cdef Py_ssize_t i, src
         futures = [None] * cap
@@ -474,13 +570,15 @@ cdef class AddTracker:
             acked[i] = self._acked[src]
             failed[i] = self._failed[src]
             sizes[i] = self._sizes[src]
+            sent_at[i] = self._sent_at[src]
             futures[i] = self._futures[src]
             payloads[i] = self._payloads[src]
             sent[i] = self._sent[src]
         free(self._acked)
         free(self._failed)
         free(self._sizes)
-        self._acked, self._failed, self._sizes = acked, failed, sizes
+        free(self._sent_at)
+        self._acked, self._failed, self._sizes, self._sent_at = acked, failed, sizes, sent_at
         self._futures, self._payloads, self._sent = futures, payloads, sent
         self._cap = cap
         self._head = 0
@@ -506,7 +604,7 @@ cdef class AddTracker:
         With ensemble, each write-set slot is marked as sent to that ensemble's bookie
         (the list is shared, not copied: mark_sent copies before it changes a slot).
         """
-        return self._add(entry_id, size, future, payload, ensemble)
+        return self._add(entry_id, size, future, payload, ensemble, _monotonic())
 
     def send_entries(self, list datas, int64_t first_entry, int64_t piggyback_lac, int64_t length,
                      int kind, bytes mac_key, uint64_t ledger_id, bytes key, int flags, list ensemble,
@@ -521,6 +619,7 @@ cdef class AddTracker:
         cdef tuple ws
         cdef bytes data, payload
         cdef uint64_t unconnected = 0
+        cdef double now = _monotonic()  # once per batch: its requests and entries are sent in this call
         if len(pipes) != self.e:
             raise ValueError(f"{len(pipes)} pipes for a ledger of ensemble size {self.e}")
         for i in range(n):
@@ -528,14 +627,15 @@ cdef class AddTracker:
             entry_id = first_entry + i
             length += PyBytes_GET_SIZE(data)
             payload = _encode_entry(kind, mac_key, ledger_id, entry_id, piggyback_lac, <uint64_t>length, data)
-            ws = self._add(entry_id, PyBytes_GET_SIZE(data), last_future if i == n - 1 else None, payload, ensemble)
+            ws = self._add(entry_id, PyBytes_GET_SIZE(data), last_future if i == n - 1 else None, payload, ensemble,
+                           now)
             for idx in ws:
                 if (<RequestPipe?>pipes[idx])._send(OP_ADD, flags, ledger_id, entry_id, key, 0, payload, sink,
-                                                   (entry_id, idx, ensemble[idx]), timeout_s, False):
+                                                   (entry_id, idx, ensemble[idx]), timeout_s, False, now):
                     unconnected |= (<uint64_t>1) << <int>idx
         return length, [i for i in range(self.e) if unconnected >> i & 1]
 
-    cdef tuple _add(self, int64_t entry_id, int64_t size, future, payload, list ensemble):
+    cdef tuple _add(self, int64_t entry_id, int64_t size, future, payload, list ensemble, double sent_at):
         if entry_id != self.lac + 1 + self._count:
             raise ValueError(f"entry {entry_id} added out of order (expected {self.lac + 1 + self._count})")
         if ensemble is not None and len(ensemble) != self.e:
@@ -547,6 +647,7 @@ cdef class AddTracker:
         self._acked[pos] = 0
         self._failed[pos] = 0
         self._sizes[pos] = size
+        self._sent_at[pos] = sent_at
         self._futures[pos] = future
         self._payloads[pos] = payload
         self._sent[pos] = ensemble if ensemble is not None else [None] * self.e
@@ -563,26 +664,32 @@ cdef class AddTracker:
             return []
         self._acked[pos] |= (<uint64_t>1) << idx
         cdef list done = []
-        self._advance(done)
+        cdef double now = -1.0
+        self._advance(done, &now)
         return done
 
     def ack_from(self, int64_t entry_id, int idx, bookie, set failed_bookies) -> int:
         """ack() of a response from bookie, unless that slot was re-sent elsewhere since or
         bookie is being replaced; returns how many entries became acknowledged."""
-        return self._ack_from(entry_id, idx, bookie, failed_bookies)
+        cdef double now = -1.0
+        return self._ack_from(entry_id, idx, bookie, failed_bookies, &now)
 
-    cdef Py_ssize_t _ack_from(self, int64_t entry_id, int idx, object bookie, set failed_bookies) except -1:
+    cdef Py_ssize_t _ack_from(self, int64_t entry_id, int idx, object bookie, set failed_bookies,
+                              double* now) except -1:
         cdef Py_ssize_t pos = self._slot(entry_id)
         if pos < 0 or not self._in_write_set(entry_id, idx):
             return 0
         if (<list>self._sent[pos])[idx] != bookie or (failed_bookies and bookie in failed_bookies):
             return 0
         self._acked[pos] |= (<uint64_t>1) << idx
-        return self._advance(None)
+        return self._advance(None, now)
 
-    cdef Py_ssize_t _advance(self, list done) except -1:
-        """Acknowledge the run of entries from LAC + 1 with Qa acks, resolving their futures;
-        (entry, length) of each is appended to done unless it is None. Returns how many."""
+    cdef Py_ssize_t _advance(self, list done, double* now) except -1:
+        """Acknowledge the run of entries from LAC + 1 with Qa acks, resolving their futures
+        and observing their latencies; (entry, length) of each is appended to done unless it
+        is None. Returns how many. now: the acknowledgement time, shared by the caller's
+        calls (RequestPipe: one receive buffer); read from the clock here, at the first
+        entry to observe, while it is negative."""
         cdef Py_ssize_t count = 0
         cdef Py_ssize_t pos
         cdef uint64_t bits
@@ -598,6 +705,10 @@ cdef class AddTracker:
                 break
             self.lac += 1
             self.length += self._sizes[pos]
+            if self._latency is not None:
+                if now[0] < 0.0:
+                    now[0] = _monotonic()
+                self._latency._observe(now[0] - self._sent_at[pos])
             fut = self._futures[pos]
             self._futures[pos] = None
             self._payloads[pos] = None
