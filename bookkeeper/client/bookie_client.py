@@ -263,6 +263,12 @@ class BookieHealth:
             del self._until[b]
         return set(self._until)
 
+    def penalized_now(self) -> set[str]:
+        """current() without forgetting expired ones: a read only, safe from another thread
+        (a metrics scrape) while the loop penalizes and forgets."""
+        now = time.monotonic()
+        return {b for b, until in list(self._until.items()) if until >= now}
+
     def order(self, replicas: list[str]) -> list[str]:
         """Replicas in write-set order, penalized ones moved last (stable)."""
         if not self._until:

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from kazoo.exceptions import KazooException, ZookeeperError
 
+from bookkeeper import metrics
+from bookkeeper._ext.client import LatencyHistogram
 from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
@@ -40,7 +42,11 @@ class BookKeeper:
                                                                   self.config.read_timeout_s))
         self.health = BookieHealth(self.config.slow_bookie_penalty_s)
         self.quarantine = BookieHealth(self.config.bookie_quarantine_s)
+        # What bookkeeper.metrics reports: counters by name, and the latencies of acknowledged
+        # adds (observed in C by each write handle's AddTracker) and of entry reads.
         self.stats: dict[str, int] = defaultdict(int)
+        self.add_latency = LatencyHistogram(metrics.LATENCY_BUCKETS_S)
+        self.read_latency = LatencyHistogram(metrics.LATENCY_BUCKETS_S)
         self._rng = random.Random(seed)
         self._bookies: dict[str, dict[str, Any]] = {}
         self._writable: list[str] = []
@@ -50,6 +56,7 @@ class BookKeeper:
         self._watching = False
         self._closed = False
         self._loop = asyncio.get_running_loop()
+        metrics.add_client(self)
 
     @classmethod
     async def connect(cls, metadata_uri: str, *, seed: int | None = None, **config: Any) -> BookKeeper:
@@ -79,6 +86,7 @@ class BookKeeper:
 
     async def close(self) -> None:
         self._closed = True  # the bookie watches drop themselves at their next event
+        metrics.drop_client(self)
         self.pool.close()
         await self.metadata_call(self.store.close)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,9 +63,10 @@ _DENIALS = (NoSuchEntryError, NoSuchLedgerError)
 class _EntryRead:
     """The read of one entry (client loop only): the next replica is asked when the current
     one errs, or after the speculative delay with no answer; the first copy that passes its
-    digest wins. A slotted object, not closures: a range read makes one per entry."""
+    digest wins. A slotted object, not closures: a range read makes one per entry. Its
+    outcome goes to the client's metrics: the latency of a success, or one read error."""
 
-    __slots__ = ("h", "entry_id", "flags", "replicas", "fut", "errors", "next", "outstanding", "timer")
+    __slots__ = ("h", "entry_id", "flags", "replicas", "fut", "errors", "next", "outstanding", "timer", "started")
 
     def __init__(self, handle: ReadHandle, entry_id: int, flags: int, replicas: list[str]) -> None:
         self.h = handle
@@ -76,6 +78,7 @@ class _EntryRead:
         self.next = 0
         self.outstanding = 0
         self.timer: asyncio.TimerHandle | None = None
+        self.started = time.monotonic()
         self.send_next()
 
     def send_next(self) -> bool:
@@ -114,6 +117,7 @@ class _EntryRead:
             else:
                 if self.timer is not None:
                     self.timer.cancel()
+                h._bk.read_latency.observe(time.monotonic() - self.started)
                 self.fut.set_result(result)
                 return
         if not isinstance(err, _DENIALS):
@@ -123,6 +127,7 @@ class _EntryRead:
             self.timer.cancel()
             self.timer = None
         if not self.send_next() and self.outstanding == 0:
+            h._bk.stats["read_errors"] += 1
             if all(isinstance(e, _DENIALS) for e in self.errors):
                 self.fut.set_exception(NoSuchEntryError(f"entry {h.ledger_id}:{self.entry_id} not found on its "
                                                         f"write set"))
@@ -298,8 +303,10 @@ class WriteHandle(ReadHandle):
         """recovery=True: the handle a recovery rewrites with (RECOVERY_ADD, metadata IN_RECOVERY),
         continuing after entry `lac` of a ledger of `length` bytes."""
         super().__init__(bk, metadata, password, lac)
+        # A recovery's rewrites are not recorded: they are the fenced writer's entries again.
         self._tracker = AddTracker(ensemble_size=metadata.ensemble_size, write_quorum=metadata.write_quorum,
-                                   ack_quorum=metadata.ack_quorum, lac=lac, length=length)
+                                   ack_quorum=metadata.ack_quorum, lac=lac, length=length,
+                                   latency=None if recovery else bk.add_latency)
         self._recovery = recovery
         self._lac_floor = lac
         self._add_flags = Flag.RECOVERY_ADD if recovery else 0
@@ -658,7 +665,10 @@ class WriteHandle(ReadHandle):
         if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
-        for _eid, fut in self._tracker.drop_all():
+        dropped = self._tracker.drop_all()
+        if not self._recovery:
+            self._bk.stats["add_errors"] += len(dropped)
+        for _eid, fut in dropped:
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
         if self._room is not None and not self._room.done():
