@@ -17,12 +17,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-PREFIX = "bookkeeper_"
-LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                     0.5, 1.0, 2.5, 5.0, 10.0)
-DURATION_BUCKETS_S = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
-COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
-BYTES_BUCKETS = (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+from bookkeeper.metrics import BYTES_BUCKETS, COUNT_BUCKETS, DURATION_BUCKETS_S, LATENCY_BUCKETS_S, PREFIX
+from bookkeeper.metrics import cumulative_buckets
 
 
 class Histogram:
@@ -114,16 +110,7 @@ def families(snapshots: Mapping[int, Mapping[str, Any]]) -> Iterator[Metric]:
             if value is None:
                 continue
             if kind == "histogram":
-                fam.add_metric([str(index)], _cumulative(value), value["sum"])  # type: ignore[attr-defined]
+                fam.add_metric([str(index)], cumulative_buckets(value), value["sum"])  # type: ignore[attr-defined]
             else:
                 fam.add_metric([str(index)], value)  # type: ignore[attr-defined]
         yield fam
-
-
-def _cumulative(h: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """Per-bucket counts -> Prometheus cumulative buckets, +Inf last."""
-    out, running = [], 0
-    for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
-        running += count
-        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-    return out
