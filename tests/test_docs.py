@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-from bookkeeper import errors
+from bookkeeper import errors, metrics
 from bookkeeper.bookie import admin
 from bookkeeper.bookie.metrics import PREFIX, SHARD_METRICS
 from bookkeeper.cli.main import build_parser
@@ -270,14 +270,27 @@ def test_the_command_walk_sees_nested_commands() -> None:
 
 def test_every_admin_route_metric_and_error_class_is_in_api_md() -> None:
     """The admin HTTP routes, every metric a bookie exposes (the shards' table, counters with
-    `_total`, and the supervisor's own), and every error class of bookkeeper.errors."""
+    `_total`, and the supervisor's own), every client metric bookkeeper.metrics.register
+    exports, and every error class of bookkeeper.errors."""
     source = inspect.getsource(admin)
     routes = sorted(set(re.findall(r"\"(/(?:heartbeat|metrics|api/v1/[\w/]+))\"", source)))
-    metrics = [PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _) in SHARD_METRICS.items()]
-    metrics += [PREFIX + name for name in re.findall(r"PREFIX \+ \"(\w+)\"", source)]
+    names = [PREFIX + name + ("_total" if kind == "counter" else "") for name, (kind, _) in SHARD_METRICS.items()]
+    names += [PREFIX + name for name in re.findall(r"PREFIX \+ \"(\w+)\"", source)]
+    names += [metrics.CLIENT_PREFIX + name + ("_total" if kind == "counter" else "")
+              for name, (kind, _) in metrics.CLIENT_METRICS.items()]
     classes = [name for name, obj in vars(errors).items()
                if isinstance(obj, type) and issubclass(obj, errors.BKError)]
     text = API.read_text(encoding="utf-8")
-    assert len(routes) >= 5 and len(metrics) > len(SHARD_METRICS) and len(classes) > 20
-    missing = missing_names(routes, text, whole=False) + missing_names(metrics + classes, text)
+    assert len(routes) >= 5 and len(names) > len(SHARD_METRICS) + len(metrics.CLIENT_METRICS) and len(classes) > 20
+    missing = missing_names(routes, text, whole=False) + missing_names(names + classes, text)
     assert not missing, f"missing from docs/api.md: {missing}"
+
+
+def test_every_spark_option_is_in_section_7() -> None:
+    """Every option the Spark source reads (SourceOptions.parse, read as text: importing
+    bookkeeper.spark imports pyspark), compared without case as Spark does."""
+    source = (ROOT / "bookkeeper" / "spark" / "options.py").read_text(encoding="utf-8")
+    read = set(re.findall(r"o\.get\(\"(\w+)\"", source)) | set(re.findall(r"\"(\w+)\" in o\b", source))
+    documented = {name.lower() for name in re.findall(r"^\| `(\w+)` \|", section(API, 7), re.M)}
+    assert len(read) >= 10, read
+    assert not read - documented, f"Spark options missing from docs/api.md section 7: {sorted(read - documented)}"
