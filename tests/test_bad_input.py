@@ -1,4 +1,4 @@
-"""Bad input against a running bookie shard, over raw sockets (DESIGN invariant 4).
+"""Bad input against a running bookie shard, over raw sockets (docs/design.md invariant 4).
 
 Reference: docs/protocol.md / ext/bookkeeper/_ext/wire.pyx (frame layout) and
 bookkeeper/bookie/server.py (dispatch). The contract exercised here:

@@ -72,7 +72,7 @@ def test_create_add_read_close_delete_round_trip(cluster5, e: int, qw: int, qa: 
 
 
 def test_ten_thousand_pipelined_adds_ack_in_order(cluster5) -> None:
-    """10,000 pipelined adds are acknowledged in id order with contiguous ids (DESIGN invariant 2)."""
+    """10,000 pipelined adds are acknowledged in id order with contiguous ids (docs/design.md invariant 2)."""
     async def main() -> None:
         async with await BookKeeper.connect(cluster5.metadata_uri) as bk:
             lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"p")
@@ -130,7 +130,7 @@ def test_not_enough_bookies(cluster5) -> None:
 
 def test_recovery_open_fences_the_writer(cluster5) -> None:
     """After a recovery open, the old writer's next add fails with LedgerFencedError and the
-    recovered ledger holds every entry the writer saw acknowledged (DESIGN invariant 3)."""
+    recovered ledger holds every entry the writer saw acknowledged (docs/design.md invariant 3)."""
     async def main() -> None:
         async with await BookKeeper.connect(cluster5.metadata_uri) as writer, \
                 await BookKeeper.connect(cluster5.metadata_uri) as reader:
