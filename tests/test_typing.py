@@ -1,8 +1,9 @@
 """`mypy --strict` over the public modules (issue 22 item 6).
 
 Reference: PEP 561 (the wheel ships `bookkeeper/py.typed`, so a user's type checker reads these
-annotations). What users import directly: `bookkeeper` (its __init__'s names), the blocking
-twin `bookkeeper.sync`, `bookkeeper.stream`, `bookkeeper.errors`, `bookkeeper.metrics`,
+annotations). What users import directly: `bookkeeper` (its __init__'s names, defined in
+`bookkeeper.client`, whose wire names come from `bookkeeper.proto`), the blocking twin
+`bookkeeper.sync`, `bookkeeper.stream`, `bookkeeper.errors`, `bookkeeper.metrics`,
 `bookkeeper.gevent`. The configuration is pyproject.toml's [tool.mypy]: strict, with the
 rest of the package read for its types but not itself held to --strict yet.
 """
@@ -14,8 +15,8 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-PUBLIC = ["bookkeeper/__init__.py", "bookkeeper/sync.py", "bookkeeper/stream", "bookkeeper/errors.py",
-          "bookkeeper/metrics.py", "bookkeeper/gevent.py", "bookkeeper/extras.py"]
+PUBLIC = ["bookkeeper/__init__.py", "bookkeeper/client", "bookkeeper/proto", "bookkeeper/sync.py", "bookkeeper/stream",
+          "bookkeeper/errors.py", "bookkeeper/metrics.py", "bookkeeper/gevent.py", "bookkeeper/extras.py"]
 
 
 def test_the_public_modules_pass_mypy_strict(tmp_path: Path) -> None:

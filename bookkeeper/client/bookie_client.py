@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # callback(ctx, response tuple or None, exception or None): ctx is whatever the sender
 # passed, so hot callers hand over a bound method and a tuple instead of a new closure.
-Callback = Callable[[Any, tuple | None, BKError | None], None]
+Callback = Callable[[Any, tuple[Any, ...] | None, BKError | None], None]
 
 
 class _ShardProtocol(asyncio.BufferedProtocol):
@@ -48,7 +48,8 @@ class _ShardProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if not self._current():  # a transport given up on may still read: never into the pipe
             return memoryview(bytearray(65536))
-        return self.conn.pipe.get_buffer(sizehint)
+        buf: memoryview = self.conn.pipe.get_buffer(sizehint)
+        return buf
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._current():
@@ -97,7 +98,7 @@ class ShardConnection:
             self.pipe.discard_outbox()
             self.pipe.fail_all(BookieUnavailableError(f"cannot connect to {self.host}:{self.port}: {e}"))
             return
-        self.attach(transport)  # type: ignore[arg-type]
+        self.attach(transport)
 
     def attach(self, transport: asyncio.Transport) -> None:
         """Use this transport (connected, its protocol a _ShardProtocol of this connection) and
@@ -205,11 +206,11 @@ class BookieClientPool:
         conn.request(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s, borrow)
 
     async def call(self, bookie_id: str, op: int, flags: int, ledger_id: int, entry_id: int, key: bytes,
-                   aux: int = 0, payload: bytes = b"", timeout_s: float | None = None) -> tuple:
+                   aux: int = 0, payload: bytes = b"", timeout_s: float | None = None) -> tuple[Any, ...]:
         """One request as a coroutine: the response tuple, or raises its error."""
-        fut: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
 
-        def done(_ctx: None, resp: tuple | None, err: BKError | None) -> None:
+        def done(_ctx: None, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
             if fut.done():
                 return
             if err is not None:

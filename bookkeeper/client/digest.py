@@ -35,12 +35,14 @@ class DigestManager:
         self.size = {DigestType.CRC32C: 4, DigestType.MAC: 20, DigestType.DUMMY: 0}[digest]
 
     def encode(self, entry_id: int, lac: int, length: int, data: bytes) -> bytes:
-        return encode_entry(self.kind, self.mac_key, self.ledger_id, entry_id, lac, length, data)
+        encoded: bytes = encode_entry(self.kind, self.mac_key, self.ledger_id, entry_id, lac, length, data)
+        return encoded
 
     def verify(self, payload: bytes | memoryview, entry_id: int) -> tuple[bytes, int, int]:
         """Check a stored entry (any buffer: the read path passes a view of the receive buffer);
         returns (data, lac, length), data copied out as bytes, or raises DigestMismatchError."""
         try:
-            return check_entry(self.kind, self.mac_key, self.ledger_id, entry_id, payload)
+            checked: tuple[bytes, int, int] = check_entry(self.kind, self.mac_key, self.ledger_id, entry_id, payload)
         except ValueError as e:
             raise DigestMismatchError(str(e)) from None
+        return checked

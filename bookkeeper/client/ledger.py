@@ -101,7 +101,7 @@ class _EntryRead:
             self.h._bk.stats["speculative_reads"] += 1
             self.send_next()
 
-    def on_response(self, bookie: str, resp: tuple | None, err: BKError | None) -> None:
+    def on_response(self, bookie: str, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
         self.outstanding -= 1
         h = self.h
         if self.fut.done():
@@ -333,15 +333,18 @@ class WriteHandle(ReadHandle):
 
     @property
     def last_add_confirmed(self) -> int:
-        return self._tracker.lac
+        lac: int = self._tracker.lac
+        return lac
 
     @property
     def length(self) -> int:
-        return self._tracker.length
+        length: int = self._tracker.length
+        return length
 
     @property
     def outstanding(self) -> int:
-        return self._tracker.outstanding
+        outstanding: int = self._tracker.outstanding
+        return outstanding
 
     # -- adds --------------------------------------------------------------
     def add_entry_async(self, data: bytes) -> asyncio.Future[int]:
@@ -438,7 +441,7 @@ class WriteHandle(ReadHandle):
             items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key, self.ledger_id,
             self._key, self._add_flags, ensemble, pipes, self._add_callback, self._bk.config.add_timeout_s, last)
         for idx in unconnected:
-            conns[idx].ensure_connecting()  # type: ignore[union-attr]
+            conns[idx].ensure_connecting()
 
     def _send_entry(self, data: bytes, fut: Any) -> None:
         """Give the next entry id to data and send it to its write set; fut (a future, an
@@ -506,7 +509,7 @@ class WriteHandle(ReadHandle):
         self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
                            self._add_callback, (entry_id, idx, bookie), self._bk.config.add_timeout_s)
 
-    def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple | None, err: BKError) -> None:
+    def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple[Any, ...] | None, err: BKError) -> None:
         """A failed add (an error status, a timeout, a lost connection): its AckSink acknowledges
         OK responses itself."""
         entry_id, idx, bookie = ctx
@@ -738,7 +741,7 @@ class _AddCallback:
             log.exception("add callback for entry %d failed", self.entry_id)
 
 
-def _lac_answered(ctx: tuple[int, str], resp: tuple | None, err: BKError | None) -> None:
+def _lac_answered(ctx: tuple[int, str], resp: tuple[Any, ...] | None, err: BKError | None) -> None:
     """An explicit LAC is advisory: a bookie that refuses it or is gone changes nothing for the
     writer (its adds find out for themselves); logged for the operator at debug level."""
     if err is not None:
@@ -746,12 +749,13 @@ def _lac_answered(ctx: tuple[int, str], resp: tuple | None, err: BKError | None)
 
 
 # -- recovery -------------------------------------------------------------------
-async def _first_decisive(futs: list[asyncio.Future], decided) -> list:  # noqa: ANN001
+async def _first_decisive(futs: Sequence[asyncio.Future[Any]],
+                          decided: Callable[[list[Any]], bool]) -> list[Any]:
     """Wait until decided(results so far, by index) is true or every future is done.
 
     Why: a hung bookie must not hold recovery back once the answers in hand settle it.
     """
-    results: list = [None] * len(futs)
+    results: list[Any] = [None] * len(futs)
     index = {f: i for i, f in enumerate(futs)}
     waiting = set(futs)
     while waiting:
@@ -795,7 +799,7 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         futs = [asyncio.ensure_future(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key,
                                                    timeout_s=timeout)) for b in ensemble]
 
-        def covered(results: list) -> bool:
+        def covered(results: list[Any]) -> bool:
             ok = {i for i, r in enumerate(results) if isinstance(r, tuple)}
             return fence_covered(ok, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
 
@@ -854,7 +858,7 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> b
                                                handle._key, timeout_s=bk.config.read_timeout_s)) for i in ws]
     verified: dict[int, bytes] = {}
 
-    def check(results: list) -> bool:
+    def check(results: list[Any]) -> bool:
         denied = 0
         for i, r in enumerate(results):
             if isinstance(r, tuple) and i not in verified:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from bookkeeper._ext.wire import (  # noqa: F401  (re-exported: the codec's one home)
+from bookkeeper._ext.wire import (  # re-exported: the codec's one home
     ENTRY_HEADER_BYTES,
     MASTER_KEY_BYTES,
     PROTOCOL_VERSION,
@@ -21,6 +21,11 @@ from bookkeeper._ext.wire import (  # noqa: F401  (re-exported: the codec's one 
     parse_requests,
     parse_responses,
 )
+
+__all__ = ["DEFAULT_MAX_FRAME_BYTES", "ENTRY_HEADER_BYTES", "MASTER_KEY_BYTES", "MAX_LEDGER_ID", "NO_KEY",
+           "PROTOCOL_VERSION", "REQUEST_HEADER_BYTES", "RESPONSE_HEADER_BYTES", "Flag", "FrameError", "Op",
+           "Status", "encode_request", "encode_responses", "entry_header", "parse_requests", "parse_responses",
+           "shard_for_ledger"]
 
 DEFAULT_MAX_FRAME_BYTES = 5 * 1024 * 1024
 MAX_LEDGER_ID = 10**10 - 1  # ledger metadata paths hold 10 digits (docs/metadata.md)

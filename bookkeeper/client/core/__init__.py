@@ -5,9 +5,7 @@ Plain classes and pure functions: no sockets, no loop, no clock. The shell
 add hot path) also holds each outstanding entry's future so it can resolve a whole
 acknowledged run in one call.
 """
-from bookkeeper._ext.client import AckSink, AddTracker  # noqa: F401
-from bookkeeper.client.core.quorum import (  # noqa: F401
-    fence_covered,
-    entry_missing,
-    write_set,
-)
+from bookkeeper._ext.client import AckSink, AddTracker
+from bookkeeper.client.core.quorum import entry_missing, fence_covered, write_set
+
+__all__ = ["AckSink", "AddTracker", "entry_missing", "fence_covered", "write_set"]
