@@ -123,6 +123,14 @@ class MetadataServiceError(BKError):
     retriable = True
 
 
+class ZooKeeperUnreachableError(MetadataServiceError):
+    """No ZooKeeper server of the metadata URI answered: every address refused, was unreachable
+    or did not answer a TCP connect in time, or one accepted TCP and started no session within
+    the session timeout (hung). The message names each host:port and why (meta/zk_connect.py)."""
+
+    code = 48
+
+
 class LedgerExistsError(BKError):
     """A ledger with that id already exists."""
 

@@ -26,9 +26,12 @@ class ClientConfig:
     placement: str = "rack_aware"           # or "random"
     placement_strict: bool = False          # rack_aware: fail instead of degrading when racks are too few
     zk_session_timeout_ms: int = 10_000
+    zk_connect_timeout_s: float = 2.0       # per ZooKeeper address: a TCP connect not answered in time
+                                            # fails (a refused one fails at once), see meta/zk_connect.py
 
     def validate(self) -> ClientConfig:
-        for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s"):
+        for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s",
+                     "zk_connect_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.speculative_read_timeout_ms < 0:

@@ -24,10 +24,12 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
 from bookkeeper.errors import BKError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
+from bookkeeper.meta.zk_connect import start_client
 from bookkeeper.proto import MAX_LEDGER_ID
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ def parse_metadata_uri(uri: str) -> tuple[str, str]:
     hosts, _, path = rest.partition("/")
     if not hosts:
         raise BKError(f"metadata URI names no ZooKeeper host: {uri!r}")
+    try:
+        collect_hosts(hosts)  # kazoo's own parse, so a bad host:port is an error here, not a traceback later
+    except ValueError as e:
+        raise BKError(f"metadata URI has a bad host:port list {hosts!r}: {e}") from None
     root = "/" + path.strip("/") if path.strip("/") else "/ledgers"
     return hosts, root
 
@@ -56,18 +62,19 @@ def ledger_path(root: str, ledger_id: int) -> str:
 class ZkMetadataStore:
     """Ledger metadata, bookie registrations, cookies and id allocation in ZooKeeper."""
 
-    def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 15.0,
+    def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 2.0,
                  create: bool = True) -> None:
         """Connect; create=True (bookies) lays out a new cluster's znodes, create=False (clients)
-        refuses a path that holds no cluster: a mistyped root must not look like an empty cluster."""
+        refuses a path that holds no cluster: a mistyped root must not look like an empty cluster.
+
+        ZooKeeperUnreachableError when no server answers (meta/zk_connect.py): at once when every
+        address refuses or is unreachable, after connect_timeout_s per address that does not
+        answer a TCP connect, after the session timeout when one accepts TCP and starts no session.
+        """
         self.uri = uri
         self.hosts, self.root = parse_metadata_uri(uri)
-        self.zk = KazooClient(hosts=self.hosts, timeout=session_timeout_ms / 1000.0)
-        try:
-            self.zk.start(timeout=connect_timeout_s)
-        except Exception as e:  # kazoo raises its own timeout type
-            self.zk.close()
-            raise BKError(f"cannot connect to ZooKeeper at {self.hosts}: {e}") from e
+        self.zk: KazooClient = start_client(self.hosts, session_timeout_s=session_timeout_ms / 1000.0,
+                                            connect_timeout_s=connect_timeout_s)
         if create:
             self.ensure_layout()
         elif self.zk.exists(f"{self.root}/INSTANCEID") is None:
