@@ -23,7 +23,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from bookkeeper.procs import module_command
-from bookkeeper.testing.zookeeper import ZooKeeperServer
+from bookkeeper.testing.zookeeper import ZooKeeperServer, port_in_use
 
 BOOKIE_START_TIMEOUT_S = 60.0
 # bookie id -> (registration data, id of the ZooKeeper session owning its ephemeral znode)
@@ -115,6 +115,16 @@ class LocalBookie:
     @property
     def bookie_id(self) -> str:
         return self.conf.get("bookie_id") or f"127.0.0.1:{self.port}"
+
+    @property
+    def http_port(self) -> int:
+        """The admin HTTP port (`/metrics`, `/api/v1/...`) on 127.0.0.1; 0 when it has none."""
+        return int(self.conf.get("http_port", 0))
+
+    @property
+    def rack(self) -> str:
+        """The rack the bookie registers, which rack-aware placement reads."""
+        return str(self.conf.get("rack", "/default-rack"))
 
     @property
     def pid(self) -> int | None:
@@ -226,17 +236,47 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def choose_zk_port(*, zk_port: int | None, prefer_zk_port: int | None) -> int:
+    """ZooKeeper's port: `zk_port` if given (taken or not: starting then says it is taken),
+    else `prefer_zk_port` if it can be bound now, else a free one (0 or None: not given).
+
+    Why a preference: the sandbox takes ZooKeeper's usual 2181 when it can, so programs
+    written for the default URI reach it unchanged; a second sandbox (or a ZooKeeper of the
+    system) already there must not stop it from starting.
+    """
+    if zk_port and prefer_zk_port:
+        raise ValueError("give zk_port (this port) or prefer_zk_port (this port if free), not both")
+    if zk_port:
+        return zk_port
+    if prefer_zk_port and not port_in_use(prefer_zk_port):
+        return prefer_zk_port
+    return free_port_block()
+
+
 class LocalCluster:
-    """ZooKeeper + N bookies on 127.0.0.1 under one directory."""
+    """ZooKeeper + N bookies on 127.0.0.1 under one directory.
+
+    The defaults suit tests: ports picked at random, every bookie in one rack, no admin HTTP.
+    `bk sandbox` asks for more, so a newcomer sees the whole operator surface:
+    `prefer_zk_port=2181` (ZooKeeper's usual port when free; `zk.port` says which it took),
+    `http_ports=True` (each bookie gets its own admin HTTP port, `LocalBookie.http_port`) and
+    `racks=True` (bookie i registers rack `/rack-<i+1>`, so rack-aware placement has the
+    distinct racks it asks for instead of degrading on every ledger). A `bookie_conf` or
+    `add_bookie` key (`http_port`, `rack`) overrides what these options give.
+    """
 
     def __init__(self, directory: str | os.PathLike[str], *, bookies: int = 3, shards: int = 2,
-                 journal_sync: str = "io_uring", zk_port: int | None = None,
+                 journal_sync: str = "io_uring", zk_port: int | None = None, prefer_zk_port: int | None = None,
+                 http_ports: bool = False, racks: bool = False,
                  bookie_conf: dict[str, Any] | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.zk = ZooKeeperServer(self.dir / "zookeeper", port=zk_port or free_port_block())
+        self.zk = ZooKeeperServer(self.dir / "zookeeper",
+                                  port=choose_zk_port(zk_port=zk_port, prefer_zk_port=prefer_zk_port))
         self.shards = shards
         self.journal_sync = journal_sync
+        self.http_ports = http_ports
+        self.racks = racks
         self.bookie_conf = bookie_conf or {}
         self.bookies: list[LocalBookie] = []
         self._initial = bookies
@@ -257,8 +297,15 @@ class LocalCluster:
         return self
 
     def add_bookie(self, *, wait: bool = True, **conf: Any) -> LocalBookie:
-        b = LocalBookie(self.dir / f"bookie-{len(self.bookies)}", self.metadata_uri, index=len(self.bookies),
-                        shards=self.shards, journal_sync=self.journal_sync, extra={**self.bookie_conf, **conf})
+        """Start one more bookie (its conf: the cluster's options, then bookie_conf, then `conf`)."""
+        index = len(self.bookies)
+        options: dict[str, Any] = {}
+        if self.http_ports:
+            options["http_port"] = free_port_block()
+        if self.racks:
+            options["rack"] = f"/rack-{index + 1}"
+        b = LocalBookie(self.dir / f"bookie-{index}", self.metadata_uri, index=index, shards=self.shards,
+                        journal_sync=self.journal_sync, extra={**options, **self.bookie_conf, **conf})
         self.bookies.append(b)
         b.start()
         if wait:

@@ -56,6 +56,7 @@ __all__ = [
     "zookeeper_classpath",
     "find_java",
     "four_letter_word",
+    "port_in_use",
 ]
 
 _LOOPBACK = "127.0.0.1"
@@ -191,7 +192,7 @@ def find_java() -> str:
     )
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int) -> bool:
     """True if 127.0.0.1:port cannot be bound the way the JVM will bind it.
 
     Java sets SO_REUSEADDR on server sockets on Linux, so we do too: a port
@@ -435,7 +436,7 @@ class ZooKeeperServer:
                         f"ZooKeeper on {self.connect_string} is already running (pid {self._proc.pid})"
                     )
                 self._proc = None
-            if _port_in_use(self._port):
+            if port_in_use(self._port):
                 raise RuntimeError(
                     f"cannot start ZooKeeper: port {self._port} on {_LOOPBACK} is already in use"
                 )
