@@ -143,8 +143,11 @@ class BookKeeper:
             if self.config.placement_strict:
                 raise NotEnoughBookiesError(f"placement: {p.reason}")
             self.stats["placement_degraded"] += 1
-            if self.stats["placement_degraded"] == 1:  # said once per client, counted always
-                log.warning("placement degraded: %s (bookies may share racks)", p.reason)
+            # Said once per client, counted always; at INFO, not as a warning: a one-rack cluster
+            # (a test cluster, a small site) degrades by design, and a warning would be noise on
+            # every client's stderr.
+            if self.stats["placement_degraded"] == 1:
+                log.info("placement degraded: %s (bookies may share racks)", p.reason)
         return p.ensemble
 
     async def replacement_ensemble(self, md: LedgerMetadata, base: list[str], slots: list[int],
@@ -182,7 +185,7 @@ class BookKeeper:
                     raise NotEnoughBookiesError(f"placement: no replacement for {ensemble[slot]} on a distinct rack")
                 self.stats["placement_degraded"] += 1
                 if self.stats["placement_degraded"] == 1:
-                    log.warning("placement degraded: replacement %s shares a rack with a neighbour", bookie)
+                    log.info("placement degraded: replacement %s shares a rack with a neighbour", bookie)
             ensemble[slot] = bookie
         return ensemble
 
