@@ -7,6 +7,7 @@ one clear line on stderr, non-zero exit, no traceback, no log lines without -v.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import importlib.metadata
@@ -15,9 +16,11 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper import BookKeeper, DigestType
+from bookkeeper.cli.main import build_parser
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
@@ -522,3 +526,221 @@ def test_recover_of_what_cannot_be_a_bookie_id_is_a_usage_error(cluster5: LocalC
     r = bk("recover", bookie_id, uri=cluster5.metadata_uri)
     assert r.returncode == 2
     assert_one_line_error(r, mentions="not a bookie id")
+
+
+# -- help and layout (issue 27 item 6) ---------------------------------------------------
+def _parser_entries(parser: argparse.ArgumentParser, path: str = "bk") -> Iterator[tuple[str, argparse.Action | None,
+                                                                                         str, str | None]]:
+    """(command path, action or None for a sub-command, what it is called, its help) for every
+    option, positional and sub-command under `parser` (bk's own tree: main.py's builder and
+    stream.py's parsers, which it adds)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                yield path, None, name, helps.get(name)
+                yield from _parser_entries(child, f"{path} {name}")
+        elif action.help is not argparse.SUPPRESS:
+            yield path, action, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_option_positional_and_sub_command_has_help_text() -> None:
+    missing = [f"{path} {name}" for path, _, name, help_ in _parser_entries(build_parser()) if not (help_ or "").strip()]
+    assert not missing, "no help text: " + ", ".join(missing)
+
+
+# NAME, HOST:PORT, FILE.toml, ENTRY_ID; not FROM_ (argparse's name for dest from_) nor ledger_id
+READABLE_METAVAR = re.compile(r"[A-Z][A-Z0-9_:]*(?<!_)(\.[a-z]+)?")
+
+
+def _shown_metavar(action: argparse.Action) -> str:
+    """What `--help` and the usage line show for the value an action takes."""
+    if isinstance(action.metavar, str):
+        return action.metavar
+    if action.choices is not None:
+        return "{" + ",".join(map(str, action.choices)) + "}"
+    return action.dest.upper() if action.option_strings else action.dest
+
+
+def test_every_value_is_shown_by_a_readable_name() -> None:
+    """`ledger read` once showed `--from FROM_`, positionals showed `ledger_id`: a value's name is
+    upper case (FILE.toml, HOST:PORT, ENTRY_ID), without argparse's trailing underscore, or the
+    list of its choices."""
+    bad = []
+    for path, action, name, _ in _parser_entries(build_parser()):
+        if action is None or action.nargs == 0:
+            continue
+        shown = _shown_metavar(action)
+        if not (shown.startswith("{") or READABLE_METAVAR.fullmatch(shown)):
+            bad.append(f"{path} {name} {shown}")
+    assert not bad, "values shown by argparse's default name: " + ", ".join(bad)
+
+
+def test_bookie_gc_table_shows_every_figure_whole_at_80_columns() -> None:
+    from rich.console import Console
+
+    from bookkeeper.cli.main import GC_BYTES, GC_COUNTS, gc_table
+
+    result = {"ledgers_deleted": 12_345, "logs_compacted": 678, "logs_deleted": 9_012, "entries_copied": 345_678_901,
+              "bytes_copied": 12_345_678_901_234, "bytes_reclaimed": 98_765_432_109_876, "duration_s": 1234.5}
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(gc_table(result))
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
+    for key, name in GC_COUNTS + GC_BYTES:
+        assert name in text and f"{result[key]:,}" in text, (name, text)
+    assert "1234.50 s" in text
+
+
+def test_a_wide_cli_table_wraps_at_80_columns_and_cuts_nothing() -> None:
+    """Every `bk` table is made by cli_table: seven columns of long numbers (a stream's segments)
+    wrap in 80 columns, every header and value whole (read back without the line breaks)."""
+    from rich.console import Console
+
+    from bookkeeper.cli.common import cli_table
+
+    headers = ("seq", "ledger", "state", "first txid", "last txid", "records", "bytes")
+    values = ("123456", "9876543210", "CLOSED", "1234567890123", "1234567899999", "1,234,567,890", "98,765,432,109,876")
+    table = cli_table(*headers, title="stream events")
+    table.add_row(*values)
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80, text
+    cells = [re.sub(r"\s+", " ", " ".join(col)).strip() for col in _columns(text, len(headers))]
+    for header, value, cell in zip(headers, values, cells):
+        assert cell.replace(" ", "").startswith(header.replace(" ", "")), (header, cell)
+        assert value in cell.replace(" ", ""), (value, cell)
+
+
+def _columns(text: str, count: int) -> list[list[str]]:
+    """The cells of a rendered rich table, column by column (lines between the box's bars)."""
+    columns: list[list[str]] = [[] for _ in range(count)]
+    for line in text.splitlines():
+        parts = re.split(r"[┃│]", line)
+        if len(parts) == count + 2:
+            for i, part in enumerate(parts[1:-1]):
+                columns[i].append(part.strip())
+    return columns
+
+
+# -- sandbox (issue 27 items 1 and 2) -------------------------------------------------------
+SANDBOX_UP_TIMEOUT_S = 180
+BOOKIE_LINE = re.compile(r"^bookie (?P<id>\S+) rack=(?P<rack>\S+) shards=(?P<shards>\S+) admin=http://(?P<admin>\S+)$")
+CLIENT_RUN = """
+import asyncio, logging, os
+from bookkeeper import BookKeeper
+logging.basicConfig(level=logging.INFO)  # even an INFO line about placement would show
+
+async def main() -> None:
+    async with await BookKeeper.connect(os.environ["BK_METADATA_URI"]) as bk:
+        for _ in range(3):
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            await lh.add_entry(b"x")
+            await lh.close()
+            await bk.delete_ledger(lh.ledger_id)
+asyncio.run(main())
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    from bookkeeper.testing.cluster import children_of
+
+    found, todo = set(), [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_until_export(proc: subprocess.Popen[str]) -> list[str]:
+    """stdout lines until `export BK_METADATA_URI=...`, the sandbox's last start-up line."""
+    lines: list[str] = []
+    deadline = time.monotonic() + SANDBOX_UP_TIMEOUT_S
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith("export BK_METADATA_URI="):
+            return lines
+    raise AssertionError(f"no export line from bk sandbox (rc {proc.poll()}): {lines}")
+
+
+def test_sandbox_prints_admin_ports_and_the_uri_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    """`bk sandbox --dir D`: a line per bookie with its rack, shard addresses and admin HTTP (whose
+    /metrics answers), `metadata_uri=` and `export BK_METADATA_URI=` lines and D/metadata_uri; a
+    client run against it logs nothing about placement (three racks for rack-aware placement);
+    `bk bookie gc --http` on a bookie fits 80 columns; SIGINT stops every process it started.
+    ZooKeeper's port is given (--zk-port): the test must not take a developer's 2181."""
+    from bookkeeper.testing.cluster import free_port_block
+
+    directory, zk_port = tmp_path / "sandbox", free_port_block()
+    stderr_path = tmp_path / "sandbox.err"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", "sandbox", "--dir", str(directory),
+                                 "--bookies", "3", "--shards", "1", "--zk-port", str(zk_port)],
+                                cwd=REPO, env=_bk_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True)
+    started: set[int] = set()
+    try:
+        lines = _read_until_export(proc)
+        started = _descendants(proc.pid)
+        uri = f"zk://127.0.0.1:{zk_port}/ledgers"
+        assert lines[-2:] == [f"metadata_uri={uri}", f"export BK_METADATA_URI={uri}"], lines
+        assert (directory / "metadata_uri").read_text() == uri + "\n"
+        bookies = [m.groupdict() for m in map(BOOKIE_LINE.match, lines) if m]
+        assert len(bookies) == 3 and len({b["rack"] for b in bookies}) == 3, lines
+        for b in bookies:
+            assert b["shards"] == b["id"], b  # one shard, listening on the bookie's port
+            with urllib.request.urlopen(f"http://{b['admin']}/metrics", timeout=30) as r:
+                assert r.status == 200 and b"bookkeeper_" in r.read()
+
+        client = subprocess.run([sys.executable, "-c", CLIENT_RUN], cwd=REPO, env={**_bk_env(), "BK_METADATA_URI": uri},
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+        assert client.returncode == 0, client.stderr
+        assert "placement" not in client.stderr and "WARNING" not in client.stderr, client.stderr
+
+        gc = bk("bookie", "gc", "--http", bookies[0]["admin"])
+        assert_ok(gc)
+        assert max(map(len, gc.out.splitlines())) <= 80 and "…" not in gc.out, gc.out
+        for name in ("ledgers deleted", "entry logs compacted", "bytes reclaimed", "duration"):
+            assert name in gc.out, gc.out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(90)
+        finally:
+            for pid in started | {proc.pid}:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    err = stderr_path.read_text()
+    assert proc.returncode == 0, err
+    assert not [pid for pid in started if _alive(pid)], f"left running after Ctrl-C: {started}\n{err}"
+    assert len(started) >= 7, started  # ZooKeeper, three bookie supervisors, a shard each
+    assert not (directory / "metadata_uri").exists()
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("asked, took, note", [
+    (None, 2181, None),
+    (None, 12345, "ZooKeeper's usual port 2181 is in use (another ZooKeeper or sandbox?): took port 12345; "
+                  "use the URI printed below"),
+    (2181, 2181, None),
+    (12345, 12345, None),  # asked for: nothing to explain
+])
+def test_sandbox_says_which_zookeeper_port_it_took_and_why(asked: int | None, took: int, note: str | None) -> None:
+    from bookkeeper.cli.main import zk_port_note
+
+    assert zk_port_note(asked=asked, took=took) == note

@@ -9,10 +9,23 @@ import argparse
 import os
 import sys
 
+from typing import Any
+
 from rich.console import Console
+from rich.table import Table
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+
+
+def cli_table(*headers: str, **options: Any) -> Table:
+    """A rich table (options: Table's) whose cells wrap, and fold a word too long for its column,
+    instead of cutting it with an ellipsis: at 80 columns (a small terminal, or any pipe, where
+    rich has no width to read) every header and value still shows whole. Every `bk` table is one."""
+    t = Table(**options)
+    for header in headers:
+        t.add_column(header, overflow="fold")
+    return t
 
 
 class UsageError(Exception):

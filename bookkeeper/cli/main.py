@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bookkeeper import extras
-from bookkeeper.cli.common import UsageError, err, error_line, metadata_uri, out
+from bookkeeper.cli.common import UsageError, cli_table, err, error_line, metadata_uri, out
 from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.errors import BKError
 
@@ -57,7 +57,7 @@ async def cmd_bookies_list(bk: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    table = Table("bookie id", "rack", "readonly", "shards")
+    table = cli_table("bookie id", "rack", "readonly", "shards")
     for r in rows:
         table.add_row(r["bookie_id"], r["rack"], str(r["readonly"]),
                       " ".join(f"{s['host']}:{s['port']}" for s in r["shards"]))
@@ -192,7 +192,7 @@ async def simpletest(bk: Any, *, ensemble: int, write_quorum: int, ack_quorum: i
         err.print(f"[red]simpletest failed[/]: lac={rh.last_add_confirmed} expected {entries - 1}, {bad} mismatches")
         return 1
     if not quiet:
-        table = Table("ledger", "E/Qw/Qa", "entries", "write entries/s", "read entries/s")
+        table = cli_table("ledger", "E/Qw/Qa", "entries", "write entries/s", "read entries/s")
         table.add_row(str(lh.ledger_id), f"{ensemble}/{write_quorum}/{ack_quorum}", str(entries),
                       f"{entries / write_s:,.0f}", f"{entries / read_s:,.0f}")
         out.print(table)
@@ -249,7 +249,7 @@ async def cmd_autorecovery_status(bk: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status))
         return 0
-    table = Table("", "")
+    table = cli_table("", "")
     table.add_row("enabled", str(status["enabled"]))
     a = status["auditor_node"]
     table.add_row("auditor", f"{status['auditor']} ({a['node']} on {a.get('hostname')}, pid {a.get('pid')})"
@@ -282,7 +282,7 @@ async def cmd_autorecovery_list(bk: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    table = Table("ledger", "missing", "forced", "marked")
+    table = cli_table("ledger", "missing", "forced", "marked")
     for r in rows:
         table.add_row(str(r["ledger_id"]), " ".join(r["missing"]), " ".join(r["forced"]) or "-",
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["marked_ms"] / 1000)))
@@ -385,18 +385,31 @@ def cmd_bookie_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# What a GC pass reports (POST /api/v1/bookie/gc), in the order `bk bookie gc` prints it.
+GC_COUNTS = (("ledgers_deleted", "ledgers deleted"), ("logs_compacted", "entry logs compacted"),
+             ("logs_deleted", "entry logs deleted"), ("entries_copied", "entries copied"))
+GC_BYTES = (("bytes_copied", "bytes copied"), ("bytes_reclaimed", "bytes reclaimed"))
+
+
+def gc_table(result: dict[str, Any]) -> Table:
+    """A GC pass's answer as one row per figure: seven figures side by side cut their headers at
+    80 columns; a column of names and one of values fits any terminal."""
+    table = cli_table("figure", "value", show_header=False)
+    for key, name in GC_COUNTS:
+        table.add_row(name, f"{result.get(key, 0):,}")
+    for key, name in GC_BYTES:
+        table.add_row(name, f"{result.get(key, 0):,} ({_mib(result.get(key, 0))})")
+    table.add_row("duration", f"{result.get('duration_s', 0.0):.2f} s")
+    return table
+
+
 def cmd_bookie_gc(args: argparse.Namespace) -> int:
     """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed."""
     result = _admin_request(args.http, "/api/v1/bookie/gc", method="POST", timeout_s=args.timeout_s)
     if args.json:
         print(json.dumps(result))
         return 0
-    table = Table("ledgers deleted", "logs compacted", "logs deleted", "entries copied", "bytes copied",
-                  "bytes reclaimed", "duration s")
-    table.add_row(*(str(result.get(k, 0)) for k in ("ledgers_deleted", "logs_compacted", "logs_deleted",
-                                                    "entries_copied", "bytes_copied", "bytes_reclaimed")),
-                  f"{result.get('duration_s', 0.0):.2f}")
-    out.print(table)
+    out.print(gc_table(result))
     if result.get("shards_failed"):
         error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
         return 1
@@ -417,6 +430,53 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     return run_bookie(cfg)
 
 
+SANDBOX_ZK_PORT = 2181  # ZooKeeper's usual port: programs written for the default URI reach the sandbox as is
+
+
+def zk_port_note(*, asked: int | None, took: int, usual: int = SANDBOX_ZK_PORT) -> str | None:
+    """What the sandbox says about ZooKeeper's port: nothing when it took the port asked for
+    (--zk-port) or the usual one; else which port it took, and why not the usual one."""
+    if asked is not None or took == usual:
+        return None
+    return (f"ZooKeeper's usual port {usual} is in use (another ZooKeeper or sandbox?): "
+            f"took port {took}; use the URI printed below")
+
+
+def _sandbox_dir(arg: str | None) -> Path:
+    """--dir, emptied if it is an earlier sandbox (a sandbox starts fresh: new ports, new bookie
+    ids), refused if it holds anything else; a new temporary directory without --dir."""
+    directory = Path(arg) if arg else Path(tempfile.mkdtemp(prefix="bk-sandbox-"))
+    marker = directory / ".bk-sandbox"
+    if directory.exists() and any(directory.iterdir()):
+        if not marker.exists():
+            raise UsageError(f"{directory} is not empty and is not a sandbox directory: refusing to overwrite it")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return directory
+
+
+def _announce_sandbox(cluster: Any, uri_file: Path) -> None:
+    """stdout, for people and scripts alike: a line per bookie (its id, rack, shard addresses and
+    admin HTTP, as it registered them), `metadata_uri=URI` (what the Makefile and scripts read)
+    and `export BK_METADATA_URI=URI` (what the examples and `bk` read); the URI also goes to
+    uri_file."""
+    regs = cluster.registrations()
+    admin = []
+    for b in cluster.bookies:
+        reg = regs[b.bookie_id]
+        shards = ",".join(f"{s['host']}:{s['port']}" for s in reg["shards"])
+        admin.append(f"127.0.0.1:{reg['http_port']}")
+        print(f"bookie {b.bookie_id} rack={reg['rack']} shards={shards} admin=http://{admin[-1]}")
+    uri = cluster.metadata_uri
+    uri_file.write_text(uri + "\n")
+    print(f"metadata_uri={uri}")
+    print(f"export BK_METADATA_URI={uri}", flush=True)
+    err.print(f"sandbox is up; Ctrl-C stops it. In another shell: export BK_METADATA_URI=$(cat {uri_file}), "
+              f"then bk bookies list, curl http://{admin[0]}/metrics, bk bookie gc --http {admin[0]}",
+              soft_wrap=True, markup=False)
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     extras.require("bookie", what="bk sandbox")
     import uvloop
@@ -424,15 +484,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from bookkeeper import BookKeeper
     from bookkeeper.testing.cluster import LocalCluster
 
-    directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bk-sandbox-"))
-    marker = directory / ".bk-sandbox"
-    if directory.exists() and any(directory.iterdir()):
-        if not marker.exists():
-            raise UsageError(f"{directory} is not empty and is not a sandbox directory: refusing to overwrite it")
-        shutil.rmtree(directory)  # a sandbox starts fresh: new ports, new bookie ids
-    directory.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    directory = _sandbox_dir(args.dir)
+    # Distinct racks, so rack-aware placement (the client's default) has what it asks for, and an
+    # admin HTTP port per bookie (/metrics, /api/v1/..., bk bookie gc --http).
     cluster = LocalCluster(directory, bookies=args.bookies, shards=args.shards, zk_port=args.zk_port,
+                           prefer_zk_port=None if args.zk_port else SANDBOX_ZK_PORT, http_ports=True, racks=True,
                            journal_sync=args.journal_sync)
     stop = False
 
@@ -443,7 +499,12 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     # many signals arrive (a KeyboardInterrupt inside it would orphan the bookies).
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    err.print(f"starting ZooKeeper and {args.bookies} bookies under {directory} ...")
+    note = zk_port_note(asked=args.zk_port, took=cluster.zk.port)
+    if note:
+        err.print(note, soft_wrap=True, markup=False)
+    err.print(f"starting ZooKeeper on port {cluster.zk.port} and {args.bookies} bookies under {directory} ...",
+              markup=False)
+    uri_file = directory / "metadata_uri"
     cluster.start()
     try:
         async def smoke() -> int:
@@ -456,14 +517,14 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             err.print("[red]smoke test failed[/]")
             return 1
         err.print("smoke test passed: wrote and read back a ledger of 1000 entries")
-        print(f"metadata_uri={cluster.metadata_uri}", flush=True)
-        err.print("sandbox is up; Ctrl-C stops it")
+        _announce_sandbox(cluster, uri_file)
         while not stop:
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:
         err.print("stopping sandbox ...")
+        uri_file.unlink(missing_ok=True)  # while it exists, the sandbox it names is up
         cluster.stop()
     return 0
 
@@ -529,7 +590,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps({**first, "bench": args.bench, "results": [r.to_json() for r in results],
                           "client_peak_rss_mb": self_rss()}))
         return 0
-    table = Table("benchmark", "ops/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms")
+    table = cli_table("benchmark", "ops/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms")
     for r in results:
         table.add_row(r.name, f"{r.ops_per_s:,.0f}", f"{r.mb_per_s:,.2f}", str(r.latency["p50"]),
                       str(r.latency["p99"]), str(r.latency["p999"]))
@@ -553,22 +614,110 @@ class _null:
 
 
 # -- parser ------------------------------------------------------------------------
+# Every option and positional has help text and a metavar that names what it takes (ENTRY_ID,
+# SECONDS, N), not argparse's upper-cased dest (`--from FROM_`): tests/test_cli.py walks the tree.
+def _add_sandbox_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("sandbox", parents=[common], help="local cluster: ZooKeeper + N bookies, foreground")
+    s.add_argument("--bookies", type=int, default=3, metavar="N", help="bookies to start (default 3)")
+    s.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="shard processes per bookie (default: the usable cores)")
+    s.add_argument("--dir", default=None, metavar="DIR",
+                   help="where everything goes: empty, or an earlier sandbox (wiped); default a new temporary dir")
+    s.add_argument("--zk-port", type=int, default=None, metavar="PORT",
+                   help=f"ZooKeeper's port (default {SANDBOX_ZK_PORT} when free, else a free one, said on stderr)")
+    s.add_argument("--journal-sync", choices=["io_uring", "thread"], default="io_uring",
+                   help="the bookies' journal syncer (default io_uring)")
+    s.set_defaults(func=cmd_sandbox)
+
+
 def _add_bookie_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """`bookie --conf F` runs a bookie; `bookie gc|info --http HOST:PORT` act on a running one."""
     s = sub.add_parser("bookie", parents=[common], help="run one bookie (--conf), or act on a running one")
-    s.add_argument("--conf", default=None)
+    s.add_argument("--conf", default=None, metavar="FILE.toml", help="the bookie's configuration (docs/api.md section 4)")
     s.set_defaults(func=cmd_bookie)
     bsub = s.add_subparsers(dest="bookie_cmd", required=False)
-    s = bsub.add_parser("gc", parents=[common], help="run a GC pass on a bookie, print what it reclaimed")
-    s.add_argument("--http", required=True, metavar="HOST:PORT", help="the bookie's admin HTTP (http_port)")
-    s.add_argument("--timeout-s", type=float, default=3600.0)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_bookie_gc)
-    s = bsub.add_parser("info", parents=[common], help="a bookie's ledgers, disks and journal pool")
-    s.add_argument("--http", required=True, metavar="HOST:PORT", help="the bookie's admin HTTP (http_port)")
-    s.add_argument("--timeout-s", type=float, default=30.0)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_bookie_info)
+    for name, fn, what, timeout_s in (
+            ("gc", cmd_bookie_gc, "run a GC pass on a bookie, print what it reclaimed", 3600.0),
+            ("info", cmd_bookie_info, "a bookie's ledgers, disks and journal pool", 30.0)):
+        s = bsub.add_parser(name, parents=[common], help=what)
+        s.add_argument("--http", required=True, metavar="HOST:PORT", help="the bookie's admin HTTP (http_port)")
+        s.add_argument("--timeout-s", type=float, default=timeout_s, metavar="SECONDS",
+                       help=f"how long to wait for the answer (default {timeout_s:g})")
+        s.add_argument("--json", action="store_true", help="print the endpoint's JSON answer")
+        s.set_defaults(func=fn)
+
+
+def _add_bookies_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("bookies", parents=[common], help="registered bookies")
+    bsub = s.add_subparsers(dest="bookies_cmd", required=True)
+    s = bsub.add_parser("list", parents=[common], help="registered bookies with rack and shard addresses")
+    s.add_argument("--readonly", action="store_true", help="the read-only bookies instead of the writable ones")
+    s.add_argument("--json", action="store_true", help='an array of {"bookie_id", "rack", "readonly", "shards"}')
+    s.set_defaults(func=cmd_bookies_list)
+    s = bsub.add_parser("can-stop", parents=[common],
+                        help="exit 0 if stopping BOOKIE_ID leaves every open ledger a replacement bookie")
+    s.add_argument("bookie_id", metavar="BOOKIE_ID", help="the bookie to stop (host:port, as registered)")
+    s.add_argument("--min-writable", type=int, default=1, metavar="N",
+                   help="other writable bookies needed at least (default 1)")
+    s.add_argument("--json", action="store_true", help="one JSON object with the answer and the reason")
+    s.set_defaults(func=cmd_bookies_can_stop)
+
+
+def _add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("ledgers", parents=[common], help="ledger listing")
+    lsub = s.add_subparsers(dest="ledgers_cmd", required=True)
+    lsub.add_parser("list", parents=[common], help="every ledger id, one per line").set_defaults(func=cmd_ledgers_list)
+
+    s = sub.add_parser("ledger", parents=[common], help="one ledger: metadata, entries, deletion")
+    lsub = s.add_subparsers(dest="ledger_cmd", required=True)
+    for name, fn, what in (("metadata", cmd_ledger_metadata, "the ledger's metadata as JSON"),
+                           ("read", cmd_ledger_read, "entries, one ENTRY_ID<TAB>DATA line each"),
+                           ("delete", cmd_ledger_delete, "delete the ledger (bookies reclaim it at their next GC)")):
+        s = lsub.add_parser(name, parents=[common], help=what)
+        s.add_argument("ledger_id", type=int, metavar="LEDGER_ID", help="the ledger's id")
+        s.set_defaults(func=fn)
+        if name != "read":
+            continue
+        s.add_argument("--from", dest="from_", type=int, default=0, metavar="ENTRY_ID",
+                       help="first entry, inclusive (default 0)")
+        s.add_argument("--to", type=int, default=None, metavar="ENTRY_ID",
+                       help="last entry, inclusive (default: the last add confirmed)")
+        s.add_argument("--password", default=None,
+                       help="needed for MAC-digest ledgers; CRC32C ledgers are read without it (admin read)")
+        s.add_argument("--json", action="store_true", help='one {"entry_id", "data_b64"} object per line')
+
+
+def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    families = ["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark"]
+    s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
+    s.add_argument("bench", choices=families, metavar="FAMILY", help=" | ".join(families))
+    s.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
+    s.add_argument("--seconds", type=float, default=20.0, help="how long to measure (default 20)")
+    s.add_argument("--sync", choices=["io_uring", "thread"], default="io_uring",
+                   help="the journal's syncer (default io_uring)")
+    s.add_argument("--size", type=int, action="append", metavar="BYTES", help="entry bytes (repeatable for journal)")
+    s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], metavar="N",
+                   help="bookie: shards, 1 to 4; repeat to compare")
+    s.add_argument("--window", type=int, default=None, metavar="N",
+                   help="closed loop: adds (journal: records) in flight; default 1000, cluster 4000 (its peak "
+                        "needs the depth: one client feeding three bookies)")
+    s.add_argument("--rate", type=float, default=0.0, metavar="ADDS_PER_S",
+                   help="bookie: open loop at this many adds/s")
+    s.add_argument("--driver", choices=["raw", "client", "callback", "batch"], default=None,
+                   help="bookie (default raw): send from the client's Cython pipe (raw, lighter than a shard); "
+                        "bookie, client, cluster (default client): through write handles with a future per add "
+                        "(client), a callback per add (callback) or add_entries_async batches (batch)")
+    s.add_argument("--in-shard", action="store_true",
+                   help="bookie: drive each shard's storage path in-process (no network, no client)")
+    s.add_argument("--journal-reuse-files", type=int, default=4, metavar="N",
+                   help="journal: trimmed files kept for reuse (every roll trims, as a checkpoint that keeps "
+                        "up); 0: every roll takes a new zero-filled file")
+    s.add_argument("--entries", type=int, default=50_000, metavar="N", help="read: entries in the cold ledger")
+    s.add_argument("--batch", type=int, default=1000, metavar="N", help="stream: records per write_batch")
+    s.add_argument("--scale", type=float, default=1.0, metavar="X",
+                   help="spark: multiplies the ledgers' entry counts")
+    s.set_defaults(func=cmd_bench)
 
 
 def _add_autorecovery_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -576,32 +725,48 @@ def _add_autorecovery_parsers(sub: Any, common: argparse.ArgumentParser) -> None
     s = sub.add_parser("autorecovery", parents=[common], help="auditor and replication workers (docs/autorecovery.md)")
     asub = s.add_subparsers(dest="autorecovery_cmd", required=True)
     s = asub.add_parser("run", parents=[common], help="an auditor candidate and a replication worker, foreground")
-    s.add_argument("--lost-bookie-delay-s", type=float, default=30.0)
-    s.add_argument("--open-ledger-grace-s", type=float, default=30.0)
-    s.add_argument("--audit-interval-s", type=float, default=5.0)
+    s.add_argument("--lost-bookie-delay-s", type=float, default=30.0, metavar="SECONDS",
+                   help="how long a bookie is gone before its ledgers are marked (default 30)")
+    s.add_argument("--open-ledger-grace-s", type=float, default=30.0, metavar="SECONDS",
+                   help="an open ledger's writer gets this long to replace the bookie itself (default 30)")
+    s.add_argument("--audit-interval-s", type=float, default=5.0, metavar="SECONDS",
+                   help="how often the auditor checks every ledger (default 5)")
     s.set_defaults(func=cmd_autorecovery_run)
     s = asub.add_parser("status", parents=[common], help="flag, auditor, under-replicated count, absent bookies")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="one JSON object (docs/api.md section 2)")
     s.set_defaults(func=cmd_autorecovery_status)
     for name in ("enable", "disable"):
         s = asub.add_parser(name, parents=[common], help=f"{name} marking and re-replication cluster-wide")
         s.set_defaults(func=cmd_autorecovery_enable)
     s = asub.add_parser("list", parents=[common], help="under-replicated ledgers")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help='an array of {"ledger_id", "missing", "forced", "marked_ms"}')
     s.set_defaults(func=cmd_autorecovery_list)
 
     for name, fn, what in (("recover", cmd_recover, "move every copy a bookie holds to other bookies"),
                            ("decommission", cmd_decommission,
                             "read-only, move every copy, delete its cookie (live or stopped bookie)")):
         s = sub.add_parser(name, parents=[common], help=what)
-        s.add_argument("bookie_id")
-        s.add_argument("--open-ledger-grace-s", type=float, default=30.0,
+        s.add_argument("bookie_id", metavar="BOOKIE_ID", help="the bookie (host:port, as registered)")
+        s.add_argument("--open-ledger-grace-s", type=float, default=30.0, metavar="SECONDS",
                        help="an open ledger's writer gets this long to move off the bookie before it is fenced")
-        s.add_argument("--timeout-s", type=float, default=3600.0)
+        s.add_argument("--timeout-s", type=float, default=3600.0, metavar="SECONDS",
+                       help="give up when ledgers still name the bookie after this long (default 3600)")
         if name == "decommission":
-            s.add_argument("--readonly-timeout-s", type=float, default=60.0,
+            s.add_argument("--readonly-timeout-s", type=float, default=60.0, metavar="SECONDS",
                            help="how long a live bookie gets to turn read-only")
         s.set_defaults(func=fn)
+
+
+def _add_simpletest_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
+    s.add_argument("--ensemble", "-e", type=int, default=3, metavar="E", help="bookies of the ledger (default 3)")
+    s.add_argument("--write-quorum", "-w", type=int, default=2, metavar="QW",
+                   help="copies of each entry (default 2)")
+    s.add_argument("--ack-quorum", "-a", type=int, default=2, metavar="QA",
+                   help="acknowledgements an add waits for (default 2)")
+    s.add_argument("--entries", "-n", type=int, default=100, metavar="N", help="entries to write (default 100)")
+    s.add_argument("--entry-size", type=int, default=100, metavar="BYTES", help="bytes per entry (default 100)")
+    s.set_defaults(func=cmd_simpletest)
 
 
 class _VersionAction(argparse.Action):
@@ -620,95 +785,17 @@ class _VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--metadata-uri", default=argparse.SUPPRESS, help="zk://host:port/ledgers (env BK_METADATA_URI)")
+    common.add_argument("--metadata-uri", default=argparse.SUPPRESS, metavar="URI",
+                        help="zk://host:port/ledgers (env BK_METADATA_URI)")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log to stderr")
 
     p = argparse.ArgumentParser(prog="bk", description="BookKeeper in Python", parents=[common])
     p.add_argument("--version", action=_VersionAction,
                    help="package version, commit, Python, liburing, io_uring here; then exit")
     sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("sandbox", parents=[common], help="local cluster: ZooKeeper + N bookies")
-    s.add_argument("--bookies", type=int, default=3)
-    s.add_argument("--shards", type=int, default=None)
-    s.add_argument("--dir", default=None)
-    s.add_argument("--zk-port", type=int, default=None)
-    s.add_argument("--journal-sync", choices=["io_uring", "thread"], default="io_uring")
-    s.set_defaults(func=cmd_sandbox)
-
-    _add_bookie_parser(sub, common)
-
-    s = sub.add_parser("bookies", parents=[common], help="bookie commands")
-    bsub = s.add_subparsers(dest="bookies_cmd", required=True)
-    s = bsub.add_parser("list", parents=[common])
-    s.add_argument("--readonly", action="store_true")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_bookies_list)
-    s = bsub.add_parser("can-stop", parents=[common],
-                        help="exit 0 if stopping BOOKIE_ID leaves every open ledger a replacement bookie")
-    s.add_argument("bookie_id")
-    s.add_argument("--min-writable", type=int, default=1, help="other writable bookies needed at least")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_bookies_can_stop)
-
-    s = sub.add_parser("ledgers", parents=[common], help="ledger listing")
-    lsub = s.add_subparsers(dest="ledgers_cmd", required=True)
-    s = lsub.add_parser("list", parents=[common])
-    s.set_defaults(func=cmd_ledgers_list)
-
-    s = sub.add_parser("ledger", parents=[common], help="one ledger")
-    lsub = s.add_subparsers(dest="ledger_cmd", required=True)
-    s = lsub.add_parser("metadata", parents=[common])
-    s.add_argument("ledger_id", type=int)
-    s.set_defaults(func=cmd_ledger_metadata)
-    s = lsub.add_parser("read", parents=[common])
-    s.add_argument("ledger_id", type=int)
-    s.add_argument("--from", dest="from_", type=int, default=0)
-    s.add_argument("--to", type=int, default=None)
-    s.add_argument("--password", default=None,
-                   help="needed for MAC-digest ledgers; CRC32C ledgers are read without it (admin read)")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_ledger_read)
-    s = lsub.add_parser("delete", parents=[common])
-    s.add_argument("ledger_id", type=int)
-    s.set_defaults(func=cmd_ledger_delete)
-
-    s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
-    s.add_argument("bench", choices=["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark"])
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--dir", default=".", help="where data goes: put it on the device under test")
-    s.add_argument("--seconds", type=float, default=20.0)
-    s.add_argument("--sync", choices=["io_uring", "thread"], default="io_uring")
-    s.add_argument("--size", type=int, action="append", help="entry bytes (repeatable for journal)")
-    s.add_argument("--shards", type=int, action="append", choices=[1, 2, 3, 4], help="bookie: repeat to compare")
-    s.add_argument("--window", type=int, default=None,
-                   help="closed loop: adds (journal: records) in flight; default 1000, cluster 4000 (its peak "
-                        "needs the depth: one client feeding three bookies)")
-    s.add_argument("--rate", type=float, default=0.0, help="bookie: open loop at this many adds/s")
-    s.add_argument("--driver", choices=["raw", "client", "callback", "batch"], default=None,
-                   help="bookie (default raw): send from the client's Cython pipe (raw, lighter than a shard); "
-                        "bookie, client, cluster (default client): through write handles with a future per add "
-                        "(client), a callback per add (callback) or add_entries_async batches (batch)")
-    s.add_argument("--in-shard", action="store_true",
-                   help="bookie: drive each shard's storage path in-process (no network, no client)")
-    s.add_argument("--journal-reuse-files", type=int, default=4,
-                   help="journal: trimmed files kept for reuse (every roll trims, as a checkpoint that keeps "
-                        "up); 0: every roll takes a new zero-filled file")
-    s.add_argument("--entries", type=int, default=50_000, help="read: entries in the cold ledger")
-    s.add_argument("--batch", type=int, default=1000, help="stream: records per write_batch")
-    s.add_argument("--scale", type=float, default=1.0, help="spark: multiplies the ledgers' entry counts")
-    s.set_defaults(func=cmd_bench)
-
-    _add_autorecovery_parsers(sub, common)
-    add_stream_parsers(sub, common)
-
-    s = sub.add_parser("simpletest", parents=[common], help="write and read back a ledger")
-    s.add_argument("--ensemble", "-e", type=int, default=3)
-    s.add_argument("--write-quorum", "-w", type=int, default=2)
-    s.add_argument("--ack-quorum", "-a", type=int, default=2)
-    s.add_argument("--entries", "-n", type=int, default=100)
-    s.add_argument("--entry-size", type=int, default=100)
-    s.set_defaults(func=cmd_simpletest)
+    for add in (_add_sandbox_parser, _add_bookie_parser, _add_bookies_parsers, _add_ledger_parsers, _add_bench_parser,
+                _add_autorecovery_parsers, add_stream_parsers, _add_simpletest_parser):
+        add(sub, common)
     return p
 
 

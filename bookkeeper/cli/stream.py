@@ -23,9 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from rich.table import Table
-
-from bookkeeper.cli.common import UsageError, metadata_uri, out
+from bookkeeper.cli.common import UsageError, cli_table, metadata_uri, out
 from bookkeeper.stream import Namespace, Position
 
 WRITE_CHUNK = 1000  # stdin lines per write_batch
@@ -90,7 +88,7 @@ async def cmd_describe(ns: Namespace, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d))
         return 0
-    table = Table("seq", "ledger", "state", "first txid", "last txid", "records", "bytes", title=f"stream {d['name']}")
+    table = cli_table("seq", "ledger", "state", "first txid", "last txid", "records", "bytes", title=f"stream {d['name']}")
     for s in d["segments"]:
         table.add_row(str(s["seq"]), str(s["ledger_id"]), s["state"], str(s["first_txid"]), str(s["last_txid"]),
                       f"{s['records']:,}", f"{s['bytes']:,}")
@@ -210,29 +208,38 @@ def add_stream_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
     def parser(name: str, fn: Callable[[argparse.Namespace], int], help_: str, *, named: bool = True) -> Any:
         p = ssub.add_parser(name, parents=[common], help=help_)
-        p.add_argument("--namespace", default="default", help="the streams' namespace (default: default)")
+        p.add_argument("--namespace", default="default", metavar="NS", help="the streams' namespace (default: default)")
         if named:
-            p.add_argument("name")
+            p.add_argument("name", metavar="NAME", help="the stream's name")
         p.set_defaults(func=fn)
         return p
 
     p = parser("create", cmd_create, "create a stream")
-    p.add_argument("--retention-max-age-s", type=float, default=None)
-    p.add_argument("--retention-max-bytes", type=int, default=None)
-    p.add_argument("--ensemble", "-e", type=int, default=3)
-    p.add_argument("--write-quorum", "-w", type=int, default=2)
-    p.add_argument("--ack-quorum", "-a", type=int, default=2)
-    parser("list", cmd_list, "stream names", named=False).add_argument("--json", action="store_true")
-    parser("describe", cmd_describe, "segments, sizes and states").add_argument("--json", action="store_true")
+    p.add_argument("--retention-max-age-s", type=float, default=None, metavar="SECONDS",
+                   help="delete whole segments older than this (default: kept)")
+    p.add_argument("--retention-max-bytes", type=int, default=None, metavar="BYTES",
+                   help="delete the oldest whole segments beyond this size (default: kept)")
+    p.add_argument("--ensemble", "-e", type=int, default=3, metavar="E", help="bookies per segment (default 3)")
+    p.add_argument("--write-quorum", "-w", type=int, default=2, metavar="QW", help="copies of each entry (default 2)")
+    p.add_argument("--ack-quorum", "-a", type=int, default=2, metavar="QA",
+                   help="acknowledgements a write waits for (default 2)")
+    parser("list", cmd_list, "stream names", named=False).add_argument(
+        "--json", action="store_true", help="a JSON array of names")
+    parser("describe", cmd_describe, "segments, sizes and states").add_argument(
+        "--json", action="store_true", help='one object: "name", the settings, "segments"')
     p = parser("write", cmd_write, "one record per stdin line; prints each record's position")
-    p.add_argument("--segment-max-records", type=int, default=None)
-    p.add_argument("--segment-max-bytes", type=int, default=None)
-    p.add_argument("--compression", choices=["none", "zstd"], default="none")
+    p.add_argument("--segment-max-records", type=int, default=None, metavar="N",
+                   help="roll to a new segment after N records")
+    p.add_argument("--segment-max-bytes", type=int, default=None, metavar="BYTES",
+                   help="roll to a new segment after this many bytes")
+    p.add_argument("--compression", choices=["none", "zstd"], default="none",
+                   help="compress record sets (default none)")
     p = parser("tail", cmd_tail, "print records (POSITION<TAB>DATA), following the writer")
-    p.add_argument("--from", dest="start", default="earliest", help="earliest | latest | SEQ:ENTRY:SLOT")
-    p.add_argument("--count", type=int, default=None, help="stop after N records")
+    p.add_argument("--from", dest="start", default="earliest", metavar="START",
+                   help="earliest | latest | SEQ:ENTRY:SLOT (default earliest)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N records")
     p.add_argument("--no-follow", action="store_true", help="stop at the current end")
     p.add_argument("--json", action="store_true", help='one {"position", "txid", "data_b64"} object per line')
     parser("truncate", cmd_truncate, "delete whole segments before a position").add_argument(
-        "--before", required=True, help="SEQ:ENTRY:SLOT: the segment holding it stays")
+        "--before", required=True, metavar="POSITION", help="SEQ:ENTRY:SLOT: the segment holding it stays")
     parser("delete", cmd_delete, "delete a stream and its ledgers")
