@@ -1,11 +1,13 @@
 """The "bookkeeper" Spark source on a real local[2] SparkSession and a real cluster.
 
 Reference: issue 12's acceptance list; issue 22 item 5 (failOnDataLoss, as Kafka's source);
-docs/api.md section 7; PySpark 4's Python Data Source API (pyspark.sql.datasource). Checked:
+issue 27 item 5 (skipUnreadable); docs/api.md
+section 7; PySpark 4's Python Data Source API (pyspark.sql.datasource). Checked:
 rows equal what was written (count and a CRC sum per ledger computed in Spark), partitions as
-the options say, open ledgers skipped or read to their LAC without fencing, a killed bookie, a
+the options say, ledgers of other passwords or digests in a range failing the read or skipped,
+open ledgers skipped or read to their LAC without fencing, a killed bookie, a
 corrupt entry on every replica, stream reads by position, a streaming query stopped and
-restarted from its checkpoint, and truncation under a query (between two triggers, under a
+restarted from its checkpoint, truncation under a query (between two triggers, under a
 start position, between planning and reading) failing it or skipped, logged and counted.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 import bookkeeper.sync
 from bookkeeper import BookKeeper
-from bookkeeper.meta.ledger_metadata import LedgerState
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerState
 from bookkeeper.stream import Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
@@ -136,6 +138,55 @@ def test_a_single_missing_id_fails_and_a_bad_option_is_named(spark, cluster, wri
         read_ledgers(spark, cluster, "1", max_entries_per_partition="0").count()
     with pytest.raises(Exception, match="is not an id or an inclusive range"):
         read_ledgers(spark, cluster, "1,x").count()
+
+
+def _ledger(bk: bookkeeper.sync.BookKeeper, entries: int, password: bytes,
+            digest: DigestType = DigestType.CRC32C) -> tuple[int, int, int]:
+    """A closed 3/2/2 ledger: (id, entries, payload bytes)."""
+    lh = bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=password, digest=digest)
+    datas = [b"%d:%d" % (lh.ledger_id, k) for k in range(entries)]
+    for d in datas:
+        lh.add_entry(d)
+    lh.close()
+    return lh.ledger_id, entries, sum(map(len, datas))
+
+
+def test_skip_unreadable_skips_what_a_range_caught_and_fails_on_what_was_named(spark, cluster, caplog) -> None:
+    """A range over ledgers of two passwords and a MAC ledger: by default the read fails naming the
+    first ledger it cannot open (and the option); with skipUnreadable=true it reads the others,
+    whole, and the planner logs one WARNING naming and counting the skipped. A ledger named by
+    its id fails either way; a bad value fails at load."""
+    import logging
+
+    from pyspark.sql import functions as F
+
+    from bookkeeper.spark.ledgers import plan_ledgers
+    from bookkeeper.spark.options import SourceOptions
+    with bookkeeper.sync.BookKeeper.connect(cluster.metadata_uri) as bk:
+        a, b, c, d = (_ledger(bk, 30, PASSWORD), _ledger(bk, 20, b"other"),
+                      _ledger(bk, 10, PASSWORD, DigestType.MAC), _ledger(bk, 50, PASSWORD))
+    ids = f"{a[0]}-{d[0]}"
+    with pytest.raises(Exception, match=re.escape(f"UnauthorizedError: ledger {b[0]}: wrong password (option "
+                                                  f"password; skipUnreadable=true skips the ledgers of a range")):
+        read_ledgers(spark, cluster, ids).count()
+    df = read_ledgers(spark, cluster, ids, skipUnreadable="true")
+    got = {r["ledger_id"]: (r["n"], r["bytes"]) for r in df.groupBy("ledger_id").agg(
+        F.count("*").alias("n"), F.sum(F.length("data")).alias("bytes")).collect()}
+    assert got == {a[0]: a[1:], d[0]: d[1:]}
+    with pytest.raises(Exception, match=re.escape(f"UnauthorizedError: ledger {b[0]}: wrong password (option password)")):
+        read_ledgers(spark, cluster, f"{b[0]},{ids}", skipUnreadable="true").count()
+    with pytest.raises(Exception, match=re.escape(f"DigestMismatchError: ledger {c[0]}: digest mac, not crc32c "
+                                                  f"(option digest)")):
+        read_ledgers(spark, cluster, str(c[0]), skipUnreadable="true").count()
+    with pytest.raises(Exception, match="option skipUnreadable must be true or false, not 'yes'"):
+        read_ledgers(spark, cluster, ids, skipUnreadable="yes")
+    caplog.set_level(logging.WARNING, logger="bookkeeper.spark.ledgers")
+    opts = SourceOptions.parse({"metadata_uri": cluster.metadata_uri, "ledgers": ids,
+                                "password": PASSWORD.decode(), "skipUnreadable": "true"})
+    assert sorted({r.ledger_id for r in run(plan_ledgers(opts))}) == [a[0], d[0]]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "bookkeeper.spark.ledgers"] == [
+        (logging.WARNING, f"skipped 2 of 4 ledgers that cannot be opened with this read's password and digest "
+                          f"(skipUnreadable=true): {b[0]} (wrong password), {c[0]} (digest mac, not crc32c)")]
 
 
 def test_open_ledger_is_skipped_or_read_to_its_lac_and_never_fenced(spark, cluster, written: Written) -> None:
@@ -496,3 +547,4 @@ def test_skips_are_logged_once_and_a_segment_deleted_after_planning_is_lost_too(
     skipped = " by retention or truncation before this query read them: skipped (failOnDataLoss=false)"
     assert [(rec.levelno, rec.getMessage()) for rec in caplog.records if rec.name == "bookkeeper.spark.streams"] == [
         (logging.WARNING, gap + skipped), (logging.WARNING, planned + skipped)]
+

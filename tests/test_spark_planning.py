@@ -1,9 +1,10 @@
 """The Spark source without Spark: the ledgers option, entry-range splitting and ordering, option
-validation, chunk sizes, the data-loss decisions of failOnDataLoss, and that `import bookkeeper`
-never imports pyspark.
+validation, chunk sizes, which ledgers skipUnreadable skips, the data-loss decisions of
+failOnDataLoss, and that `import bookkeeper` never imports pyspark.
 
 Reference: issue 12 (partitions of at most max_entries_per_partition, bounded memory per
-partition); issue 22 item 5 (failOnDataLoss, as Kafka's source); docs/api.md section 7 (options).
+partition); issue 22 item 5 (failOnDataLoss, as Kafka's source); issue 27 item 5
+(skipUnreadable); docs/api.md section 7 (options).
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from bookkeeper import errors
 from bookkeeper.meta.ledger_metadata import DigestType
 from bookkeeper.spark.options import BATCH_BYTES, BATCH_ROWS_MAX, SourceOptions, chunk_entries
 from bookkeeper.meta.streams import Segment
-from bookkeeper.spark.planning import (Bounds, Gap, LedgerRange, Verdict, balance, describe_gap, find_gap, judge,
-                                       parse_ledgers, split_ledger)
+from bookkeeper.spark.planning import (SKIPPED_NAMED_MAX, Access, Bounds, Gap, LedgerRange, Verdict, balance,
+                                       decide_access, describe_gap, describe_skipped, find_gap, judge, parse_ledgers,
+                                       split_ledger)
 from bookkeeper.stream import Position
 
 
@@ -93,6 +95,9 @@ def test_options_parse_and_validate() -> None:
         b"pw", True, DigestType.CRC32C, Position(2, 0, 5), "latest", True)
     assert not SourceOptions.parse({"metadata_uri": "zk://h:1", "stream": "s", "FAILONDATALOSS": " False"}) \
         .fail_on_data_loss
+    assert not o.skip_unreadable
+    assert SourceOptions.parse({"metadata_uri": "zk://h:1", "ledgers": "1-9", "skipUnreadable": "True "}) \
+        .skip_unreadable
     bad = [({}, "metadata_uri"), ({"metadata_uri": "zk://h:1"}, "exactly one"),
            ({"metadata_uri": "zk://h:1", "ledgers": "1", "stream": "s"}, "exactly one"),
            ({"metadata_uri": "zk://h:1", "ledgers": "1", "digest": "md5"}, "digest"),
@@ -100,7 +105,9 @@ def test_options_parse_and_validate() -> None:
            ({"metadata_uri": "zk://h:1", "stream": "s", "maxRecordsPerTrigger": "-4"}, "maxRecordsPerTrigger"),
            ({"metadata_uri": "zk://h:1", "stream": "s", "startingOffsets": "soon"}, "SEQ:ENTRY:SLOT"),
            ({"metadata_uri": "zk://h:1", "stream": "s", "failOnDataLoss": "no"},
-            "option failOnDataLoss must be true or false, not 'no'")]
+            "option failOnDataLoss must be true or false, not 'no'"),
+           ({"metadata_uri": "zk://h:1", "ledgers": "1-9", "skipunreadable": "1"},
+            "option skipUnreadable must be true or false, not '1'")]
     for options, mentions in bad:
         with pytest.raises(errors.BKError, match=mentions):
             SourceOptions.parse(options)
@@ -113,6 +120,36 @@ def test_chunks_bound_a_partition_readers_memory(planned: int, entries: int) -> 
     n = chunk_entries(planned, entries)
     per_entry = max(1, planned // entries)
     assert 1 <= n <= BATCH_ROWS_MAX and (n == 1 or n * per_entry <= BATCH_BYTES)
+
+
+@pytest.mark.parametrize("unreadable,named,skip_unreadable,access", [
+    (False, False, False, Access.READ),
+    (False, False, True, Access.READ),
+    (False, True, False, Access.READ),
+    (False, True, True, Access.READ),
+    (True, True, False, Access.FAIL),    # named by its id: the user asked for it
+    (True, True, True, Access.FAIL),
+    (True, False, False, Access.FAIL),   # caught by a range, without the option: as before it
+    (True, False, True, Access.SKIP),
+])
+def test_decide_access_is_its_docstring_table(unreadable: bool, named: bool, skip_unreadable: bool,
+                                              access: Access) -> None:
+    """Every combination of planning.decide_access's inputs, row by row of its table: only a
+    ledger a range caught is ever skipped, and only with skipUnreadable."""
+    assert decide_access(unreadable=unreadable, named=named, skip_unreadable=skip_unreadable) is access
+
+
+def test_describe_skipped_counts_and_names_the_first_few() -> None:
+    """One line: how many of the ledgers looked at, each named with why, the first
+    SKIPPED_NAMED_MAX only (a range over a busy cluster may skip thousands)."""
+    head = "skipped {} of {} ledgers that cannot be opened with this read's password and digest (skipUnreadable=true): "
+    assert describe_skipped([(4, "wrong password"), (9, "digest mac, not crc32c")], 12) == \
+        head.format(2, 12) + "4 (wrong password), 9 (digest mac, not crc32c)"
+    many = [(lid, "wrong password") for lid in range(SKIPPED_NAMED_MAX + 3)]
+    assert describe_skipped(many, 100) == head.format(SKIPPED_NAMED_MAX + 3, 100) + ", ".join(
+        f"{lid} (wrong password)" for lid in range(SKIPPED_NAMED_MAX)) + " and 3 more"
+    exactly = many[:SKIPPED_NAMED_MAX]
+    assert describe_skipped(exactly, 50).endswith(f"{SKIPPED_NAMED_MAX - 1} (wrong password)")
 
 
 def _seg(seq: int, state: str = "closed", records: int = 10, last_entry: int = 4) -> Segment:

@@ -8,19 +8,22 @@ a 10 GB ledger holds one batch, not the ledger.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 import bookkeeper.sync
 from bookkeeper.client import BookKeeper
-from bookkeeper.errors import BKError, NoSuchLedgerError, UnauthorizedError
-from bookkeeper.meta.ledger_metadata import password_digest
+from bookkeeper.errors import BKError, DigestMismatchError, NoSuchLedgerError, UnauthorizedError
+from bookkeeper.meta.ledger_metadata import LedgerMetadata, password_digest
 from bookkeeper.spark.options import SourceOptions, chunk_entries
-from bookkeeper.spark.planning import Bounds, LedgerRange, balance, split_ledger
+from bookkeeper.spark.planning import (Access, Bounds, LedgerRange, balance, decide_access, describe_skipped,
+                                       split_ledger)
 
 LEDGER_SCHEMA = "ledger_id long, entry_id long, data binary"
 LEDGER_ARROW = pa.schema([("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("data", pa.binary())])
+log = logging.getLogger(__name__)
 
 
 async def _wanted_ids(bk: BookKeeper, opts: SourceOptions, bounds: Bounds) -> list[int]:
@@ -32,30 +35,68 @@ async def _wanted_ids(bk: BookKeeper, opts: SourceOptions, bounds: Bounds) -> li
     return sorted(lid for lid in ids if bounds.has_ledger(lid))
 
 
+def _unreadable(md: LedgerMetadata, opts: SourceOptions) -> BKError | None:
+    """Why this read's options cannot open the ledger, from its metadata alone (the executors'
+    open_ledger would refuse it for the same reasons), or None."""
+    if password_digest(opts.password) != md.password_digest:
+        return UnauthorizedError("wrong password")
+    if md.digest is not opts.digest:
+        return DigestMismatchError(f"digest {md.digest.value.lower()}, not {opts.digest.value.lower()}")
+    return None
+
+
+def _refusal(lid: int, why: BKError, *, named: bool) -> BKError:
+    """The error that fails the read on an unreadable ledger: it names the ledger and the option."""
+    option = "password" if isinstance(why, UnauthorizedError) else "digest"
+    hint = "" if named else "; skipUnreadable=true skips the ledgers of a range it cannot open"
+    return type(why)(f"ledger {lid}: {why} (option {option}{hint})")
+
+
+async def _plan_one(bk: BookKeeper, opts: SourceOptions, md: LedgerMetadata, bounds: Bounds) -> list[LedgerRange]:
+    lid = md.ledger_id
+    if md.is_closed:
+        return split_ledger(lid, md.last_entry_id, md.length, opts.max_entries_per_partition, bounds=bounds)
+    if not opts.include_open:
+        return []
+    rh = await bk.open_ledger(lid, password=opts.password, recovery=False)
+    lac = rh.last_add_confirmed
+    length = (await rh.read(lac, lac))[0].length if lac >= 0 else 0
+    return split_ledger(lid, lac, length, opts.max_entries_per_partition, bounds=bounds)
+
+
 async def plan_ledgers(opts: SourceOptions, bounds: Bounds | None = None) -> list[LedgerRange]:
     """The partitions of a ledgers read. A single id that names no ledger fails; ids in a
-    range that name none are skipped; open ledgers are skipped unless include_open. `bounds`
-    (pushed-down filters) drop ledgers and clip entry ranges exactly."""
+    range that name none are skipped; open ledgers are skipped unless include_open. A ledger
+    the password or digest option cannot open fails the read, or with skipUnreadable, when only
+    a range brought it in, is skipped: one WARNING line names and counts the skipped
+    (planning.decide_access). `bounds` (pushed-down filters) drop ledgers and clip entry ranges exactly."""
     bounds = bounds or Bounds()
+    spec = opts.ledgers
+    assert spec is not None
+    out: list[LedgerRange] = []
+    skipped: list[tuple[int, str]] = []
+    looked_at = 0
     async with await BookKeeper.connect(opts.metadata_uri) as bk:
-        out: list[LedgerRange] = []
         for lid in await _wanted_ids(bk, opts, bounds):
+            named = lid in spec.singles
             try:
                 md = await bk.ledger_metadata(lid)
             except NoSuchLedgerError:
-                if lid in opts.ledgers.singles:  # type: ignore[union-attr]
+                if named:
                     raise NoSuchLedgerError(f"ledger {lid}, named in the ledgers option, does not exist") from None
                 continue
-            if password_digest(opts.password) != md.password_digest:
-                raise UnauthorizedError(f"ledger {lid}: wrong password (option password)")
-            if md.is_closed:
-                out += split_ledger(lid, md.last_entry_id, md.length, opts.max_entries_per_partition, bounds=bounds)
-            elif opts.include_open:
-                rh = await bk.open_ledger(lid, password=opts.password, recovery=False)
-                lac = rh.last_add_confirmed
-                length = (await rh.read(lac, lac))[0].length if lac >= 0 else 0
-                out += split_ledger(lid, lac, length, opts.max_entries_per_partition, bounds=bounds)
-        return balance(out)
+            looked_at += 1
+            why = _unreadable(md, opts)
+            access = decide_access(unreadable=why is not None, named=named, skip_unreadable=opts.skip_unreadable)
+            if why is None:
+                out += await _plan_one(bk, opts, md, bounds)
+            elif access is Access.SKIP:
+                skipped.append((lid, str(why)))
+            else:
+                raise _refusal(lid, why, named=named)
+    if skipped:
+        log.warning("%s", describe_skipped(skipped, looked_at))
+    return balance(out)
 
 
 def read_ledger_range(opts: SourceOptions, r: LedgerRange) -> Iterator[pa.RecordBatch]:

@@ -59,6 +59,7 @@ class SourceOptions:
     max_records_per_trigger: int | None = None
     pushdown_filters: bool = False
     fail_on_data_loss: bool = True
+    skip_unreadable: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -83,7 +84,8 @@ class SourceOptions:
                    ending=_offset("endingOffsets", o.get("endingoffsets"), "latest"),
                    max_records_per_trigger=_positive("maxRecordsPerTrigger", o.get("maxrecordspertrigger")),
                    pushdown_filters=_bool("pushdown_filters", o.get("pushdown_filters", "false")),
-                   fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")))
+                   fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
+                   skip_unreadable=_bool("skipUnreadable", o.get("skipunreadable", "false")))
 
 
 def chunk_entries(planned_bytes: int, entries: int) -> int:

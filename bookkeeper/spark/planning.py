@@ -1,8 +1,9 @@
 """Partition planning for the Spark source: pure functions (no Spark, no I/O), table-tested.
 
-Why here and not in the source: what a read covers (which ids, which entry ranges, how the
-work is balanced, whether a stream read starts in deleted records) decides correctness and
-scaling, and is worth testing without a SparkSession or a cluster (tests/test_spark_planning.py).
+Why here and not in the source: what a read covers (which ids, which entry ranges, which
+ledgers it skips, how the work is balanced, whether a stream read starts in deleted records)
+decides correctness and scaling, and is worth testing without a SparkSession or a cluster
+(tests/test_spark_planning.py).
 """
 from __future__ import annotations
 
@@ -106,6 +107,50 @@ def split_ledger(ledger_id: int, last_entry: int, length: int, max_entries: int,
         out.append(LedgerRange(ledger_id, first, first + count - 1, length * count // (last_entry + 1)))
         first += count
     return out
+
+
+class Access(enum.Enum):
+    """What a ledgers read does with one ledger it wants (decide_access)."""
+
+    READ = "read"
+    SKIP = "skip"   # left out, named in one WARNING line with the others skipped
+    FAIL = "fail"   # the read fails with an error naming the ledger
+
+
+def decide_access(*, unreadable: bool, named: bool, skip_unreadable: bool) -> Access:
+    """Read, skip or fail on a ledger the `ledgers` option wants. `unreadable`: the read's
+    password or digest option is not the ledger's (its metadata says so: the driver knows before
+    any entry is read); `named`: the option names it by its id, not only by a range.
+
+    A range is a net cast over ids that other applications' ledgers share, so with
+    skipUnreadable=true a ledger a range caught that cannot be opened is left out. A ledger named
+    by its id is one the user asked for: reading around it would return a silently short result,
+    so it fails whatever the option says. Without the option every unreadable ledger fails, as
+    before the option existed.
+
+    | unreadable | named by id | skipUnreadable | access |
+    |------------|-------------|----------------|--------|
+    | no         | any         | any            | READ   |
+    | yes        | yes         | any            | FAIL   |
+    | yes        | no          | false          | FAIL   |
+    | yes        | no          | true           | SKIP   |
+    """
+    if not unreadable:
+        return Access.READ
+    return Access.SKIP if skip_unreadable and not named else Access.FAIL
+
+
+SKIPPED_NAMED_MAX = 10  # ledgers a skip warning names; the rest are counted
+
+
+def describe_skipped(skipped: Sequence[tuple[int, str]], looked_at: int) -> str:
+    """The one WARNING line of a ledgers read that skipped ledgers: how many of the ledgers its
+    ranges found, and which with why (the first SKIPPED_NAMED_MAX; a range over a busy cluster
+    may skip thousands)."""
+    named = ", ".join(f"{lid} ({why})" for lid, why in skipped[:SKIPPED_NAMED_MAX])
+    more = len(skipped) - SKIPPED_NAMED_MAX
+    return (f"skipped {len(skipped)} of {looked_at} ledgers that cannot be opened with this read's password "
+            f"and digest (skipUnreadable=true): {named}" + (f" and {more} more" if more > 0 else ""))
 
 
 def balance(ranges: list[LedgerRange]) -> list[LedgerRange]:
