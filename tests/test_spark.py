@@ -1,14 +1,15 @@
 """The "bookkeeper" Spark source on a real local[2] SparkSession and a real cluster.
 
 Reference: issue 12's acceptance list; issue 22 item 5 (failOnDataLoss, as Kafka's source);
-issue 27 item 5 (skipUnreadable); docs/api.md
+issue 27 item 5 (skipUnreadable, Trigger.AvailableNow); docs/api.md
 section 7; PySpark 4's Python Data Source API (pyspark.sql.datasource). Checked:
 rows equal what was written (count and a CRC sum per ledger computed in Spark), partitions as
 the options say, ledgers of other passwords or digests in a range failing the read or skipped,
 open ledgers skipped or read to their LAC without fencing, a killed bookie, a
 corrupt entry on every replica, stream reads by position, a streaming query stopped and
 restarted from its checkpoint, truncation under a query (between two triggers, under a
-start position, between planning and reading) failing it or skipped, logged and counted.
+start position, between planning and reading) failing it or skipped, logged and counted, and
+Trigger.AvailableNow runs.
 """
 from __future__ import annotations
 
@@ -547,4 +548,33 @@ def test_skips_are_logged_once_and_a_segment_deleted_after_planning_is_lost_too(
     skipped = " by retention or truncation before this query read them: skipped (failOnDataLoss=false)"
     assert [(rec.levelno, rec.getMessage()) for rec in caplog.records if rec.name == "bookkeeper.spark.streams"] == [
         (logging.WARNING, gap + skipped), (logging.WARNING, planned + skipped)]
+
+
+def test_available_now_reads_what_was_there_in_bounded_batches(spark, cluster, tmp_path: Path) -> None:
+    """Trigger.AvailableNow (the source is SupportsTriggerAvailableNow): a run reads what the
+    stream held when it began, in batches of at most maxRecordsPerTrigger, and stops; records
+    written during the run (here by the first batch's sink) wait for the next run, which reads
+    them from the checkpoint."""
+    name = "available-now"
+    with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, NS) as ns:
+        ns.create_stream(name)
+        with ns.open_writer(name, segment_max_records=12) as w:
+            w.write_batch([b"%d" % k for k in range(25)])
+    runs: list[list[list[int]]] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        runs[-1].append(sorted(r["txid"] for r in df.collect()))
+        if len(runs) == 1 and batch_id == 0:
+            with bookkeeper.sync.Namespace.connect(cluster.metadata_uri, NS) as ns, ns.open_writer(name) as w:
+                w.write_batch([b"later"] * 7)
+    for _ in range(2):
+        runs.append([])
+        q = (spark.readStream.format("bookkeeper").options(**_options(name, cluster, None, maxRecordsPerTrigger="10"))
+             .load().writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path))
+             .trigger(availableNow=True).start())
+        try:
+            assert q.awaitTermination(120), "an availableNow run that did not end"
+        finally:
+            q.stop()
+    assert runs == [[list(range(0, 10)), list(range(10, 20)), list(range(20, 25))], [list(range(25, 32))]]
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import uvloop
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, EqualTo, Filter,
                                     GreaterThan, GreaterThanOrEqual, InputPartition, LessThan, LessThanOrEqual)
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from bookkeeper.errors import ConfigError
@@ -118,8 +118,10 @@ def _position(offset: dict[str, Any]) -> Position:
     return Position.parse(offset["position"])
 
 
-class StreamReader(DataSourceStreamReader):
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of [start, end) positions; `maxRecordsPerTrigger` bounds each one.
+    Under Trigger.AvailableNow the stream's end when the run began bounds every batch, so the
+    run ends after what was there then, in batches of at most maxRecordsPerTrigger.
 
     Lives on the driver (a Python process per query run): it counts what failOnDataLoss=false
     skipped, and reportLatestOffset shows the counts in the query's progress, the one place
@@ -134,6 +136,13 @@ class StreamReader(DataSourceStreamReader):
         self.latest: Position | None = None
         self.skipped: set[Position] = set()    # start positions of the ranges skipped
         self.skipped_segments = 0
+        self.target: Position | None = None    # Trigger.AvailableNow: where this run stops
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: the end of what is acknowledged now is this run's target;
+        records written later wait for the next run (Spark ends the run once latestOffset
+        returns its start)."""
+        self.target, _ = uvloop.run(streams.resolve(self.opts, "latest"))
 
     def initialOffset(self) -> dict[str, Any]:
         return _offset(*uvloop.run(streams.resolve(self.opts, self.opts.starting)))
@@ -150,7 +159,7 @@ class StreamReader(DataSourceStreamReader):
         if limit is None and self.opts.max_records_per_trigger:  # a Spark that passes no limit
             limit = ReadMaxRows(self.opts.max_records_per_trigger)
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        nxt = uvloop.run(streams.next_end(self.opts, _position(start), start.get("after_txid"), rows))
+        nxt = uvloop.run(streams.next_end(self.opts, _position(start), start.get("after_txid"), rows, self.target))
         self.latest = nxt.latest
         return start if nxt.end == _position(start) else _offset(nxt.end, nxt.after_txid)
 

@@ -174,17 +174,19 @@ async def resolve(opts: SourceOptions, which: str | Position) -> tuple[Position,
 
 
 async def next_end(opts: SourceOptions, start: Position, after_txid: int | None,
-                   max_records: int | None) -> NextEnd:
-    """The end of the micro-batch from `start`: the stream's end, or `max_records` records on.
-    A start in a removed segment whose verdict is WAIT stays put until a record decides it."""
+                   max_records: int | None, stop: Position | None = None) -> NextEnd:
+    """The end of the micro-batch from `start`: the stream's end (or `stop`, if lower: a
+    Trigger.AvailableNow run's target), or `max_records` records on. A start in a removed
+    segment whose verdict is WAIT stays put until a record decides it."""
     async def step(segs: _Segments) -> NextEnd:
         latest = await segs.position("latest")
-        if latest <= start:
+        bound = latest if stop is None else min(latest, stop)
+        if bound <= start:
             return NextEnd(latest, start, after_txid)
         loss = await segs.loss(start, after_txid)
         if loss is not None and loss.verdict is Verdict.WAIT:
             return NextEnd(latest, start, after_txid)
-        end = await _advance(segs, start, latest, max_records) if max_records else latest
+        end = await _advance(segs, start, bound, max_records) if max_records else bound
         return NextEnd(latest, end, await segs.txid_before(end))
     return await _with_segments(opts, step)
 
