@@ -1,19 +1,24 @@
 """The "bookkeeper" Spark source on a real local[2] SparkSession and a real cluster.
 
 Reference: issue 12's acceptance list; issue 22 item 5 (failOnDataLoss, as Kafka's source);
-issue 27 item 5 (skipUnreadable, Trigger.AvailableNow); docs/api.md
+issue 27 items 1 and 5 (docs/spark.md's programs run as written; skipUnreadable); docs/api.md
 section 7; PySpark 4's Python Data Source API (pyspark.sql.datasource). Checked:
 rows equal what was written (count and a CRC sum per ledger computed in Spark), partitions as
 the options say, ledgers of other passwords or digests in a range failing the read or skipped,
 open ledgers skipped or read to their LAC without fencing, a killed bookie, a
 corrupt entry on every replica, stream reads by position, a streaming query stopped and
 restarted from its checkpoint, truncation under a query (between two triggers, under a
-start position, between planning and reading) failing it or skipped, logged and counted, and
-Trigger.AvailableNow runs.
+start position, between planning and reading) failing it or skipped, logged and counted,
+Trigger.AvailableNow runs, and docs/spark.md's two whole programs (examples/spark_*.py) shown
+verbatim and run as subprocesses against this module's cluster.
 """
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ from bookkeeper.stream import Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
-pytestmark = [pytest.mark.cluster, pytest.mark.runtime(230)]
+pytestmark = [pytest.mark.cluster, pytest.mark.runtime(290)]
 PASSWORD = b"spark"
 BIG = 10_000  # entries of the one big ledger: 4 partitions at max_entries_per_partition=3000
 
@@ -578,3 +583,77 @@ def test_available_now_reads_what_was_there_in_bounded_batches(spark, cluster, t
             q.stop()
     assert runs == [[list(range(0, 10)), list(range(10, 20)), list(range(20, 25))], [list(range(25, 32))]]
 
+
+# -- docs/spark.md's whole programs: examples/spark_*.py, shown verbatim and run -------------------
+ROOT = Path(__file__).resolve().parents[1]
+SPARK_DOC = ROOT / "docs" / "spark.md"
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def _python_blocks() -> list[str]:
+    return [m.group(2) for m in _FENCE.finditer(SPARK_DOC.read_text()) if m.group(1) == "python"]
+
+
+def test_docs_spark_shows_each_example_verbatim_and_only_those_programs() -> None:
+    """Each examples/spark_*.py is a block of docs/spark.md, character for character; every block
+    that builds its own SparkSession is one of them (a whole program no test runs would drift);
+    the other blocks are fragments that compile."""
+    files = {p.read_text(): p.name for p in sorted((ROOT / "examples").glob("spark_*.py"))}
+    blocks = _python_blocks()
+    assert sorted(files.values()) == ["spark_batch.py", "spark_streaming.py"]
+    assert [name for text, name in files.items() if text not in blocks] == []
+    assert [b for b in blocks if "SparkSession.builder" in b and b not in files] == []
+    for block in blocks:
+        compile(block, str(SPARK_DOC), "exec")
+
+
+def _run_example(name: str, cluster: LocalCluster, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python examples/NAME ARGS` as a user runs it, with BK_METADATA_URI naming this module's
+    cluster; Spark as the session fixture's: local[2] on loopback, no UI, the C1-only JVM
+    (SPARK_SUBMIT_OPTS from tests/conftest.py). Its own process group, killed whole (the
+    driver and its JVM) if it overstays."""
+    env = {**os.environ, "BK_METADATA_URI": cluster.metadata_uri, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_SUBMIT_ARGS": "--master local[2] --conf spark.ui.enabled=false "
+                                  "--conf spark.sql.shuffle.partitions=2 pyspark-shell"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / name), *args], cwd=cwd, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_batch_example_counts_the_ledgers_its_password_opens(cluster, tmp_path: Path) -> None:
+    """examples/spark_batch.py over a range of three ledgers, one of another password: the Parquet
+    and the printed table hold the other two (entries, bytes), and the planner's WARNING naming the
+    skipped ledger and the count reaches the program's stderr (through Spark's Python worker)."""
+    import pyarrow.parquet as pq
+    with bookkeeper.sync.BookKeeper.connect(cluster.metadata_uri) as bk:
+        a, b, c = _ledger(bk, 40, b"secret"), _ledger(bk, 5, b"not the example's"), _ledger(bk, 70, b"secret")
+    proc = _run_example("spark_batch.py", cluster, tmp_path, "--ledgers", f"{a[0]}-{c[0]}", "--out", "per-ledger")
+    table = pq.read_table(tmp_path / "per-ledger").to_pylist()
+    assert sorted((r["ledger_id"], r["entries"], r["bytes"]) for r in table) == [a, c]
+    assert re.search(rf"^\|\s*{a[0]}\|\s*40\|\s*{a[2]}\|$", proc.stdout, re.M), proc.stdout
+    assert (f"skipped 1 of 3 ledgers that cannot be opened with this read's password and digest "
+            f"(skipUnreadable=true): {b[0]} (wrong password)\n") in proc.stderr
+
+
+def test_streaming_example_copies_the_stream_to_parquet_and_stops(cluster, tmp_path: Path) -> None:
+    """examples/spark_streaming.py on the stream `events` (its default) of three segments: the
+    availableNow query copies every record once, with position and txid, and ends by itself;
+    the program prints the count and the last record."""
+    import pyarrow.parquet as pq
+    with bookkeeper.sync.Namespace.connect(cluster.metadata_uri) as ns:
+        ns.create_stream("events")
+        with ns.open_writer("events", segment_max_records=1000) as w:
+            ps = w.write_batch([b"event %d" % i for i in range(2500)])
+    proc = _run_example("spark_streaming.py", cluster, tmp_path, "--dir", "copy")
+    rows = sorted(pq.read_table(tmp_path / "copy" / "parquet").to_pylist(), key=lambda r: r["txid"])
+    assert [(r["position"], r["txid"], r["text"]) for r in rows] == [
+        (str(p), i, f"event {i}") for i, p in enumerate(ps)]
+    assert proc.stdout.startswith("2500 records in copy/parquet, the last ones:\n"), proc.stdout
+    assert re.search(rf"^\|{ps[-1]}\s*\|2499\s*\|event 2499\s*\|$", proc.stdout, re.M), proc.stdout
