@@ -11,8 +11,7 @@ illustration): it must compile as a module, so no `await` outside a function, an
 that imports must also define every name it uses (no undefined `uri`).
 
 Not here: docs/spark.md and examples/spark_*.py, which tests/test_spark.py runs with the test
-session's Spark settings. docs/api.md's fragments are only compiled: its Spark block names the
-reader's own SparkSession, URI and paths.
+session's Spark settings.
 
 The module's cluster is set up as `bk sandbox` sets up its own: an admin HTTP port and a rack
 of its own per bookie.
@@ -43,8 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SPARK_EXAMPLES = "spark_*.py"   # tests/test_spark.py runs them
 DOCS_NOT_HERE = {"docs/spark.md"}
-# Fragments compiled but whose names are not checked (api.md's Spark block: see above).
-NAMES_NOT_CHECKED = {"docs/api.md"}
 # What each example prints (a regex the whole stdout must match); a new example needs a line here.
 PRINTS = {
     "client.py": r"ledger \d+: entries 0\.\.199 \[b'event 0', b'event 1', b'event 2'\]\n",
@@ -120,8 +117,7 @@ def test_fragments_compile_and_define_what_they_use() -> None:
         except SyntaxError as e:
             broken.append(f"{where}: {e.msg}")
             continue
-        checked = where.rsplit(":", 1)[0] not in NAMES_NOT_CHECKED
-        if checked and re.search(r"^(import|from) ", block, re.M) and (names := undefined_names(block)):
+        if re.search(r"^(import|from) ", block, re.M) and (names := undefined_names(block)):
             broken.append(f"{where}: undefined {sorted(names)}")
     assert not broken, "\n".join(broken)
 

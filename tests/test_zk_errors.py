@@ -237,3 +237,50 @@ def test_a_refusing_address_beside_a_live_zookeeper_connects(tmp_path: Path, ref
             async with await BookKeeper.connect(uri) as client:
                 return len(await client.refresh_bookies())
         assert run(connect()) == 0
+
+
+# -- a bookie started before its ZooKeeper ----------------------------------------------
+def test_a_bookie_started_before_its_zookeeper_waits_for_it(tmp_path: Path) -> None:
+    """The supervisor's first session is retried with back-off while ZooKeeper refuses (a host
+    booting before its ZooKeeper; under supervisord a bookie that exits within startsecs is
+    marked FATAL for good): here the first back-off starts a real ZooKeeper on the refused port,
+    and the next attempt connects."""
+    from bookkeeper.bookie.supervisor import connect_at_start
+    from bookkeeper.config import BookieConfig
+    from bookkeeper.testing.cluster import free_port_block
+
+    port = free_port_block(1)  # nobody listens on it yet: refused
+    zk = ZooKeeperServer(tmp_path / "zk", port=port)
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 1:
+            zk.start()
+
+    cfg = BookieConfig(metadata_uri=f"zk://127.0.0.1:{port}/ledgers")
+    try:
+        store = connect_at_start(cfg, sleep=sleep)
+        store.close()
+    finally:
+        zk.stop()
+    assert slept == [1.0]
+
+
+def test_a_bookie_gives_up_on_an_unreachable_zookeeper_after_its_wait(refusing_port: int) -> None:
+    """With no ZooKeeper coming, the attempts back off (1, 2, 4 s ...) on the caller's clock and
+    the last one's error is raised once the wait is spent."""
+    from bookkeeper.bookie.supervisor import connect_at_start
+    from bookkeeper.config import BookieConfig
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    cfg = BookieConfig(metadata_uri=f"zk://127.0.0.1:{refusing_port}/ledgers")
+    with pytest.raises(ZooKeeperUnreachableError, match="connection refused"):
+        connect_at_start(cfg, wait_s=10.0, clock=lambda: now[0], sleep=sleep)
+    assert slept == [1.0, 2.0, 4.0]

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from bookkeeper.bookie.journal.syncer import probe_io_uring
 from bookkeeper.bookie.sdnotify import sd_notify
 from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, measure_dir, next_dir_state
 from bookkeeper.config import BookieConfig
-from bookkeeper.errors import BKError, CookieMismatchError
+from bookkeeper.errors import BKError, CookieMismatchError, ZooKeeperUnreachableError
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.procs import module_command
 
@@ -49,6 +50,12 @@ COOKIE_FILE = "COOKIE"
 COOKIE_VERSION = 1
 READONLY_FILE = "READONLY"  # the operator's maintenance switch, JSON {"readonly": bool, "changed_ms": N}
 SHARD_START_TIMEOUT_S = 120.0
+# A bookie started while ZooKeeper is down (a host booting before its ZooKeeper) keeps trying
+# this long, backing off, before it gives up: a service manager that sees an exit within a
+# second marks the service failed for good (supervisord's startsecs), and the operator who
+# typed a wrong address still hears about it within a minute, with each attempt's reason.
+ZK_START_WAIT_S = 60.0
+ZK_START_RETRY_MAX_S = 8.0
 FAILED_SHARD_RESTART_S = 5.0  # a shard whose journal failed is restarted this long after, once its disk has room
 
 
@@ -146,6 +153,23 @@ def lock_directories(cfg: BookieConfig) -> list[int]:
     return fds
 
 
+
+def connect_at_start(cfg: BookieConfig, *, wait_s: float = ZK_START_WAIT_S,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> ZkMetadataStore:
+    """The bookie's ZooKeeper session, retried with back-off for up to wait_s while no server
+    can be reached (each attempt's reason logged); the last attempt's error after that."""
+    deadline, delay = clock() + wait_s, 1.0
+    while True:
+        try:
+            return ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
+        except ZooKeeperUnreachableError as e:
+            if clock() + delay > deadline:
+                raise
+            log.warning("%s; trying again in %.0f s", e, delay)
+            sleep(delay)
+            delay = min(delay * 2, ZK_START_RETRY_MAX_S)
+
 class Supervisor:
     """Runs the shard processes of one bookie, keeps its registration and its state."""
 
@@ -203,7 +227,7 @@ class Supervisor:
     def run(self) -> int:
         cfg = self.cfg
         locks = lock_directories(cfg)
-        self.store = ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
+        self.store = connect_at_start(cfg)
         http = None
         try:
             check_cookies(cfg, self.store)

@@ -23,7 +23,8 @@ from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
-from bookkeeper.errors import BKError, MetadataServiceError, NotEnoughBookiesError, UnauthorizedError
+from bookkeeper.errors import (BKError, DigestMismatchError, MetadataServiceError, NotEnoughBookiesError,
+                               UnauthorizedError)
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, password_digest
 from bookkeeper.meta.zk import ZkMetadataStore
 
@@ -68,7 +69,7 @@ class BookKeeper:
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
             None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms,
-                                    create=False))
+                                    connect_timeout_s=cfg.zk_connect_timeout_s, create=False))
         bk = cls(store, cfg, seed=seed)
         await bk.refresh_bookies()
         return bk
@@ -243,7 +244,8 @@ class BookKeeper:
         elif password_digest(password) != md.password_digest:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if digest is not None and DigestType(digest) is not md.digest:
-            raise BKError(f"ledger {ledger_id} uses digest {md.digest.value}, not {DigestType(digest).value}")
+            raise DigestMismatchError(f"ledger {ledger_id} uses digest {md.digest.value}, not "
+                                      f"{DigestType(digest).value}")
         if not md.is_closed:
             await self._current_bookies()
             if recovery:
