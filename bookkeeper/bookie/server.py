@@ -352,9 +352,7 @@ class ShardServer:
             # Long poll: answer once this bookie's LAC covers the entry (an acknowledged
             # entry, never one that recovery might still drop), or when aux ms pass.
             if st is not None and st.lac >= entry_id:
-                data = self.storage.get_entry(ledger_id, entry_id)
-                if data is not None:
-                    return conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
+                return conn.respond(self._covered(ledger_id, entry_id, st.lac, req_id))
             self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
             return None
         if st is None:
@@ -439,6 +437,18 @@ class ShardServer:
             else:
                 del self._waiters[ledger_id]
 
+    def _covered(self, ledger_id: int, entry_id: int, lac: int, req_id: int) -> Response:
+        """The answer to a long poll whose entry this shard's LAC covers: the entry if stored
+        here, else NO_SUCH_ENTRY with the LAC. Why answer without the entry: the tailer polls
+        every bookie of the ensemble, and a bookie outside the entry's write set (or one that
+        missed it) may be the one the writer told its LAC; the tailer then reads the entry
+        from its write set (Apache BookKeeper's long poll likewise returns on a LAC past the
+        previous one, with the entry only if the bookie has it)."""
+        data = self.storage.get_entry(ledger_id, entry_id)
+        if data is None:
+            return (_READ, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, lac, b"")
+        return (_READ, Status.OK, req_id, ledger_id, entry_id, lac, data)
+
     def wake_parked(self) -> None:
         """Answer the parked long polls that the adds of one receive buffer made answerable.
 
@@ -459,12 +469,11 @@ class ShardServer:
             return
         keep = []
         for entry_id, conn, req_id, timer in waiters:
-            data = self.storage.get_entry(ledger_id, entry_id) if entry_id <= st.lac else None
-            if data is None:
+            if entry_id > st.lac:
                 keep.append((entry_id, conn, req_id, timer))
                 continue
             timer.cancel()
-            conn.send_now([(Op.READ_ENTRY, Status.OK, req_id, ledger_id, entry_id, st.lac, data)])
+            conn.send_now([self._covered(ledger_id, entry_id, st.lac, req_id)])
         if keep:
             self._waiters[ledger_id] = keep
         else:

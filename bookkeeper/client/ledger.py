@@ -10,7 +10,8 @@ the application sees latency, not an error. Outstanding adds are bounded.
 
 ReadHandle: every entry is read from its write set, penalized bookies last, with a
 speculative request to the next replica after a delay; the first copy that passes
-its digest wins. Tailing waits on bookies with long-poll reads.
+its digest wins. Tailing waits at the head with long-poll reads to every bookie of the
+next entry's ensemble and a ZooKeeper watch on the ledger's metadata.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.core import AckSink, AddTracker, entry_missing, fence_covered, write_set
+from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.errors import (
     BKError,
@@ -36,11 +38,13 @@ from bookkeeper.errors import (
     TooManyOutstandingAddsError,
 )
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
+from bookkeeper.meta.zk import ledger_path
 from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
     from bookkeeper.client.bookie_client import ShardConnection
     from bookkeeper.client.client import BookKeeper
+    from bookkeeper.meta.zk import ZkMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +141,112 @@ class _EntryRead:
                                                   f"{last}"))
 
 
+HeadResult = tuple[PollAnswer | None, bytes | None, int]  # outcome (None: the metadata changed), entry, LAC
+
+
+class _HeadWait:
+    """One wait at a ledger's head (client loop only): a LONG_POLL read of entry_id to every
+    bookie of its ensemble at once (bookkeeper/client/core/tailing.py says why). The first
+    answer that settles the wait wins (head_outcome); the others' answers are dropped. The
+    metadata watch ends it early with outcome None (metadata_changed)."""
+
+    __slots__ = ("h", "entry_id", "asked", "answers", "lac", "error", "fut")
+
+    def __init__(self, handle: ReadHandle, entry_id: int, ensemble: Sequence[str]) -> None:
+        self.h = handle
+        self.entry_id = entry_id
+        self.asked = len(ensemble)
+        self.answers: list[PollAnswer] = []
+        self.lac = -1
+        self.error: BKError | None = None
+        self.fut: asyncio.Future[HeadResult] = handle._loop.create_future()
+        cfg = handle._bk.config
+        wait_ms = cfg.long_poll_timeout_ms
+        for bookie in ensemble:
+            handle._bk.pool.send(bookie, Op.READ_ENTRY, Flag.LONG_POLL, handle.ledger_id, entry_id, handle._key,
+                                 wait_ms, b"", self.on_response, bookie, wait_ms / 1000.0 + cfg.read_timeout_s,
+                                 borrow=True)
+
+    def on_response(self, bookie: str, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
+        if self.fut.done():
+            return
+        data: bytes | None = None
+        lac = -1 if resp is None else resp[5]
+        if err is None:
+            assert resp is not None
+            try:
+                data = self.h._digest.verify(resp[6], self.entry_id)[0]
+            except DigestMismatchError as e:
+                err = e
+        answer = judge_poll_answer(self.entry_id, ok=err is None, absent=isinstance(err, _DENIALS), lac=lac)
+        if answer is PollAnswer.FAILED:
+            self.error = err
+            self.h._bk.health.penalize(bookie)
+        self.lac = max(self.lac, lac)
+        self.answers.append(answer)
+        outcome = head_outcome(self.answers, self.asked)
+        if outcome is not None:  # settled by this answer, or the last one in
+            self.fut.set_result((outcome, data, self.lac))
+
+    def metadata_changed(self) -> None:
+        if not self.fut.done():
+            self.fut.set_result((None, None, self.lac))
+
+
+class _LedgerWatch:
+    """A ZooKeeper watch on a tailed ledger's metadata (client loop; `_fired` runs on kazoo's
+    thread). Why: a close, a new segment or a recovery changes nothing a bookie's long poll
+    waits for (a closed ledger's last entries may never be covered by any bookie's LAC), so
+    without it a tailer learns of them only when its polls expire. Apache BookKeeper's
+    read-only handles register a metadata listener for the same reason.
+
+    One-shot, as ZooKeeper's watches are: armed at the head, re-armed after it fires. Arming
+    reads the node's version, so a change between the handle's last metadata read and the
+    arming is seen too. kazoo fires every watch when its session is lost, so a lost session
+    re-arms as well. A watch that fires after its tail ended finds nothing waiting."""
+
+    __slots__ = ("h", "armed", "waiting")
+
+    def __init__(self, handle: ReadHandle) -> None:
+        self.h = handle
+        self.armed = False
+        self.waiting: _HeadWait | None = None
+
+    async def arm(self) -> bool:
+        """Set the watch unless it is set: True when the metadata is no longer the version the
+        handle holds. NoSuchLedgerError if the ledger is gone."""
+        if self.armed:
+            return False
+        self.armed = True  # before the call: a fire during it clears this again
+        h = self.h
+        try:
+            version = await h._bk.metadata_call(_watch_ledger, h._bk.store, h.ledger_id, self._fired)
+        except BaseException:
+            self.armed = False  # no watch was set: the next round tries again
+            raise
+        if version is None:
+            raise NoSuchLedgerError(f"ledger {h.ledger_id} does not exist")
+        return version != h.metadata.version
+
+    def _fired(self, _event: Any) -> None:
+        try:
+            self.h._loop.call_soon_threadsafe(self._changed)
+        except RuntimeError:  # the loop is closed: nobody tails any more
+            pass
+
+    def _changed(self) -> None:
+        self.armed = False
+        if self.waiting is not None:
+            self.waiting.metadata_changed()
+
+
+def _watch_ledger(store: ZkMetadataStore, ledger_id: int, fired: Callable[[Any], None]) -> int | None:
+    """The ledger's metadata version (None: no such ledger), with a one-shot watch that calls
+    fired(event) on kazoo's thread at the node's next change, deletion or session event."""
+    stat = store.zk.exists(ledger_path(store.root, ledger_id), watch=fired)
+    return None if stat is None else int(stat.version)
+
+
 class ReadHandle:
     """Reads a ledger (closed, or open and read up to its LAC)."""
 
@@ -224,10 +334,12 @@ class ReadHandle:
         """Entries from start on as they are acknowledged, until the ledger is closed
         (NoSuchLedgerError if it is deleted meanwhile; every other error is retried).
 
-        At the head, a long-poll read waits on a bookie of the next entry's write set
-        until that bookie's LAC covers the entry (no busy polling); metadata is read only
-        when a long poll comes back empty, to learn whether the ledger was closed.
+        At the head, long-poll reads wait on every bookie of the next entry's ensemble
+        until one's LAC covers the entry (no busy polling), and a ZooKeeper watch on the
+        ledger's metadata ends the wait as soon as the metadata changes (a close, a new
+        segment, a recovery), so neither waits for a long poll to expire.
         """
+        watch = _LedgerWatch(self)
         nxt = start
         pause_s = 0.0
         while True:
@@ -244,11 +356,7 @@ class ReadHandle:
                     continue
                 if self.metadata.is_closed:
                     return
-                try:
-                    data, lac = await self._long_poll(nxt)
-                except BKError:
-                    await self._refresh()
-                    continue
+                data = await self._wait_at_head(nxt, watch)
             except BKError as e:
                 # A segment the writer added since (ensemble change) or a bookie or ZooKeeper
                 # hiccup: refresh what we know and try again.
@@ -263,9 +371,34 @@ class ReadHandle:
                     pass
                 continue
             pause_s = 0.0
-            self._lac = max(self._lac, lac, nxt)
-            yield LedgerEntry(nxt, data, self.ledger_id)
-            nxt += 1
+            if data is not None:
+                yield LedgerEntry(nxt, data, self.ledger_id)
+                nxt += 1
+
+    async def _wait_at_head(self, entry_id: int, watch: _LedgerWatch) -> bytes | None:
+        """Wait until entry_id is acknowledged or the metadata changes: the entry's bytes if a
+        long poll brought them, else None once the handle's LAC or metadata moved (or a poll
+        round expired with nothing new). Raises the last error if every bookie failed."""
+        if await watch.arm():  # the metadata changed since this handle read it
+            await self._refresh()
+            return None
+        wait = _HeadWait(self, entry_id, self.metadata.ensemble_for(entry_id))
+        watch.waiting = wait
+        try:
+            outcome, data, lac = await wait.fut
+        finally:
+            watch.waiting = None
+        if outcome is None:  # the watch fired: read the metadata again (arm() does, next round)
+            return None
+        self._lac = max(self._lac, lac)
+        if outcome is PollAnswer.ENTRY:
+            self._lac = max(self._lac, entry_id)
+            return data
+        if outcome is PollAnswer.EXPIRED:  # idle: what a missed watch event would hide shows here
+            await self._refresh()
+        elif outcome is PollAnswer.FAILED:
+            raise wait.error or BKError(f"every long poll of {self.ledger_id}:{entry_id} failed")
+        return None
 
     async def _refresh(self) -> None:
         """Re-read the metadata (closed? new segments?) and, while open, the LAC."""
@@ -276,20 +409,6 @@ class ReadHandle:
             self._length = md.length
         else:
             await self.read_last_add_confirmed()
-
-    async def _long_poll(self, entry_id: int) -> tuple[bytes, int]:
-        """Wait on one replica of entry_id until its LAC covers the entry; (data, lac)."""
-        replicas = self._replicas(entry_id)
-        wait_ms = self._bk.config.long_poll_timeout_ms
-        try:
-            resp = await self._bk.pool.call(replicas[0], Op.READ_ENTRY, Flag.LONG_POLL, self.ledger_id, entry_id,
-                                            self._key, wait_ms, timeout_s=wait_ms / 1000.0 + self._bk.config.read_timeout_s)
-        except BKError as e:
-            if not isinstance(e, (NoSuchEntryError, NoSuchLedgerError)):
-                self._bk.health.penalize(replicas[0])
-            raise
-        data, _, _ = self._digest.verify(resp[6], entry_id)
-        return data, resp[5]
 
     async def close(self) -> None:
         """Nothing to release for a read handle."""

@@ -1,0 +1,64 @@
+"""What a tailer's long polls at a ledger's head say (sans-I/O; the shell is
+ReadHandle.tail in bookkeeper.client.ledger).
+
+At the head a tailer long-polls the next entry on every bookie of that entry's ensemble at
+once. Why every bookie and not one replica: a bookie's LAC moves only when the writer tells
+it, by the LAC piggybacked on an add sent to that bookie or by an explicit LAC sent to the
+write set of the last acknowledged entry. A single replica of the next entry's write set may
+hear of neither for as long as the writer pauses (seen: 300 ms pauses became 300 ms lags),
+while some bookie of the ensemble always hears the explicit LAC. A bookie answers once its
+LAC covers the entry, with the entry if it stores it (docs/protocol.md, READ_ENTRY).
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+
+class PollAnswer(enum.Enum):
+    """One bookie's answer to a long poll of entry e."""
+
+    ENTRY = "entry"      # OK: its LAC covers e and it sent e
+    COVERED = "covered"  # its LAC covers e but it does not store e: read e from e's write set
+    EXPIRED = "expired"  # the poll's time ran out with its LAC short of e
+    FAILED = "failed"    # an error: the bookie is down, timed out, refused, or sent a bad copy
+
+
+def judge_poll_answer(entry_id: int, *, ok: bool, absent: bool, lac: int) -> PollAnswer:
+    """One answer, from its status and the LAC it carries.
+
+    | ok  | absent (NO_SUCH_ENTRY or NO_SUCH_LEDGER) | lac >= entry_id | answer  |
+    |-----|------------------------------------------|-----------------|---------|
+    | yes | -                                        | -               | ENTRY   |
+    | no  | yes                                      | yes             | COVERED |
+    | no  | yes                                      | no              | EXPIRED |
+    | no  | no                                       | -               | FAILED  |
+
+    An OK answer is an entry whatever LAC it carries: a bookie answers a long poll with the
+    entry only once its LAC covers it. The caller turns an OK answer whose digest fails into
+    FAILED.
+    """
+    if ok:
+        return PollAnswer.ENTRY
+    if absent:
+        return PollAnswer.COVERED if lac >= entry_id else PollAnswer.EXPIRED
+    return PollAnswer.FAILED
+
+
+def head_outcome(answers: Sequence[PollAnswer], asked: int) -> PollAnswer | None:
+    """The wait's outcome from the answers so far (in arrival order) of `asked` polls; None
+    while it is not settled.
+
+    | answers so far                            | outcome                       |
+    |-------------------------------------------|-------------------------------|
+    | one is ENTRY or COVERED                   | the first of them             |
+    | fewer than asked, none ENTRY or COVERED   | None: wait for the others     |
+    | all in, at least one EXPIRED              | EXPIRED (nothing new: ask again) |
+    | all in, every one FAILED                  | FAILED                        |
+    """
+    for answer in answers:
+        if answer is PollAnswer.ENTRY or answer is PollAnswer.COVERED:
+            return answer
+    if len(answers) < asked:
+        return None
+    return PollAnswer.EXPIRED if PollAnswer.EXPIRED in answers else PollAnswer.FAILED
