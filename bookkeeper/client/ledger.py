@@ -10,8 +10,8 @@ the application sees latency, not an error. Outstanding adds are bounded.
 
 ReadHandle: every entry is read from its write set, penalized bookies last, with a
 speculative request to the next replica after a delay; the first copy that passes
-its digest wins. Tailing waits at the head with long-poll reads to every bookie of the
-next entry's ensemble and a ZooKeeper watch on the ledger's metadata.
+its digest wins. Tailing waits at the head with long-poll reads (speculative ones to
+every bookie of the next entry's ensemble) and a ZooKeeper watch on the ledger's metadata.
 """
 from __future__ import annotations
 
@@ -145,33 +145,53 @@ HeadResult = tuple[PollAnswer | None, bytes | None, int]  # outcome (None: the m
 
 
 class _HeadWait:
-    """One wait at a ledger's head (client loop only): a LONG_POLL read of entry_id to every
-    bookie of its ensemble at once (bookkeeper/client/core/tailing.py says why). The first
-    answer that settles the wait wins (head_outcome); the others' answers are dropped. The
-    metadata watch ends it early with outcome None (metadata_changed)."""
+    """One wait at a ledger's head (client loop only): a LONG_POLL read of entry_id to the
+    first bookie, and to the rest (every other bookie of the entry's ensemble) once the first
+    has not answered after speculative_read_timeout_ms or failed (bookkeeper/client/core/
+    tailing.py says why). The first answer that settles the wait wins (head_outcome); of the
+    others' answers only the LAC counts (_TailHead.learned). The metadata watch ends it early
+    with outcome None."""
 
-    __slots__ = ("h", "entry_id", "asked", "answers", "lac", "error", "fut")
+    __slots__ = ("h", "head", "entry_id", "rest", "asked", "answers", "lac", "error", "timer", "fut")
 
-    def __init__(self, handle: ReadHandle, entry_id: int, ensemble: Sequence[str]) -> None:
-        self.h = handle
+    def __init__(self, head: _TailHead, entry_id: int, first: str, rest: list[str]) -> None:
+        handle = self.h = head.h
+        self.head = head
         self.entry_id = entry_id
-        self.asked = len(ensemble)
+        self.rest = rest
+        self.asked = 0
         self.answers: list[PollAnswer] = []
         self.lac = -1
         self.error: BKError | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self.fut: asyncio.Future[HeadResult] = handle._loop.create_future()
-        cfg = handle._bk.config
+        self.ask([first])
+        delay_ms = handle._bk.config.speculative_read_timeout_ms
+        if rest and delay_ms:
+            self.timer = handle._loop.call_later(delay_ms / 1000.0, self.widen)
+
+    def ask(self, bookies: list[str]) -> None:
+        h = self.h
+        cfg = h._bk.config
         wait_ms = cfg.long_poll_timeout_ms
-        for bookie in ensemble:
-            handle._bk.pool.send(bookie, Op.READ_ENTRY, Flag.LONG_POLL, handle.ledger_id, entry_id, handle._key,
-                                 wait_ms, b"", self.on_response, bookie, wait_ms / 1000.0 + cfg.read_timeout_s,
-                                 borrow=True)
+        self.asked += len(bookies)
+        for bookie in bookies:
+            h._bk.pool.send(bookie, Op.READ_ENTRY, Flag.LONG_POLL, h.ledger_id, self.entry_id, h._key, wait_ms,
+                            b"", self.on_response, bookie, wait_ms / 1000.0 + cfg.read_timeout_s, borrow=True)
+
+    def widen(self) -> None:
+        """Ask the rest: the first bookie is slow to hear of a LAC covering the entry, or failed."""
+        self.timer = None
+        if self.rest and not self.fut.done():
+            rest, self.rest = self.rest, []
+            self.ask(rest)
 
     def on_response(self, bookie: str, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
-        if self.fut.done():
+        lac = -1 if resp is None else resp[5]
+        if self.fut.done():  # settled: a later answer's LAC may still cover the next wait's entry
+            self.head.learned(lac)
             return
         data: bytes | None = None
-        lac = -1 if resp is None else resp[5]
         if err is None:
             assert resp is not None
             try:
@@ -182,28 +202,36 @@ class _HeadWait:
         if answer is PollAnswer.FAILED:
             self.error = err
             self.h._bk.health.penalize(bookie)
+            self.widen()  # before judging: the wait is not over while the rest may answer
         self.lac = max(self.lac, lac)
         self.answers.append(answer)
         outcome = head_outcome(self.answers, self.asked)
         if outcome is not None:  # settled by this answer, or the last one in
-            self.fut.set_result((outcome, data, self.lac))
+            self.settle((outcome, data, self.lac))
 
     def metadata_changed(self) -> None:
+        self.settle((None, None, self.lac))
+
+    def settle(self, result: HeadResult) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if not self.fut.done():
-            self.fut.set_result((None, None, self.lac))
+            self.fut.set_result(result)
 
 
-class _LedgerWatch:
-    """A ZooKeeper watch on a tailed ledger's metadata (client loop; `_fired` runs on kazoo's
-    thread). Why: a close, a new segment or a recovery changes nothing a bookie's long poll
+class _TailHead:
+    """A tail's state at the ledger's head (client loop; `_fired` runs on kazoo's thread): the
+    wait in progress, and a ZooKeeper watch on the ledger's metadata.
+
+    Why the watch: a close, a new segment or a recovery changes nothing a bookie's long poll
     waits for (a closed ledger's last entries may never be covered by any bookie's LAC), so
     without it a tailer learns of them only when its polls expire. Apache BookKeeper's
-    read-only handles register a metadata listener for the same reason.
-
-    One-shot, as ZooKeeper's watches are: armed at the head, re-armed after it fires. Arming
-    reads the node's version, so a change between the handle's last metadata read and the
-    arming is seen too. kazoo fires every watch when its session is lost, so a lost session
-    re-arms as well. A watch that fires after its tail ended finds nothing waiting."""
+    read-only handles register a metadata listener for the same reason. It is one-shot, as
+    ZooKeeper's watches are: armed at the head, re-armed after it fires. Arming reads the
+    node's version, so a change between the handle's last metadata read and the arming is
+    seen too. kazoo fires every watch when its session is lost, so a lost session re-arms as
+    well. A watch or an answer that comes after its tail ended finds nothing waiting."""
 
     __slots__ = ("h", "armed", "waiting")
 
@@ -227,6 +255,14 @@ class _LedgerWatch:
         if version is None:
             raise NoSuchLedgerError(f"ledger {h.ledger_id} does not exist")
         return version != h.metadata.version
+
+    def learned(self, lac: int) -> None:
+        """A bookie's LAC from an answer to an earlier wait (any bookie's LAC is acknowledged):
+        it may cover the entry the tail now waits for, on a bookie not yet told."""
+        h = self.h
+        h._lac = max(h._lac, lac)
+        if self.waiting is not None and self.waiting.entry_id <= lac:
+            self.waiting.settle((PollAnswer.COVERED, None, lac))
 
     def _fired(self, _event: Any) -> None:
         try:
@@ -334,12 +370,13 @@ class ReadHandle:
         """Entries from start on as they are acknowledged, until the ledger is closed
         (NoSuchLedgerError if it is deleted meanwhile; every other error is retried).
 
-        At the head, long-poll reads wait on every bookie of the next entry's ensemble
-        until one's LAC covers the entry (no busy polling), and a ZooKeeper watch on the
+        At the head, a long-poll read waits on the first replica of the next entry until
+        its LAC covers the entry (no busy polling), joined by every other bookie of the
+        entry's ensemble after speculative_read_timeout_ms; a ZooKeeper watch on the
         ledger's metadata ends the wait as soon as the metadata changes (a close, a new
-        segment, a recovery), so neither waits for a long poll to expire.
+        segment, a recovery). Neither waits for a long poll to expire.
         """
-        watch = _LedgerWatch(self)
+        head = _TailHead(self)
         nxt = start
         pause_s = 0.0
         while True:
@@ -356,7 +393,7 @@ class ReadHandle:
                     continue
                 if self.metadata.is_closed:
                     return
-                data = await self._wait_at_head(nxt, watch)
+                data = await self._wait_at_head(nxt, head)
             except BKError as e:
                 # A segment the writer added since (ensemble change) or a bookie or ZooKeeper
                 # hiccup: refresh what we know and try again.
@@ -375,19 +412,21 @@ class ReadHandle:
                 yield LedgerEntry(nxt, data, self.ledger_id)
                 nxt += 1
 
-    async def _wait_at_head(self, entry_id: int, watch: _LedgerWatch) -> bytes | None:
+    async def _wait_at_head(self, entry_id: int, head: _TailHead) -> bytes | None:
         """Wait until entry_id is acknowledged or the metadata changes: the entry's bytes if a
         long poll brought them, else None once the handle's LAC or metadata moved (or a poll
         round expired with nothing new). Raises the last error if every bookie failed."""
-        if await watch.arm():  # the metadata changed since this handle read it
+        if await head.arm():  # the metadata changed since this handle read it
             await self._refresh()
             return None
-        wait = _HeadWait(self, entry_id, self.metadata.ensemble_for(entry_id))
-        watch.waiting = wait
+        replicas = self._replicas(entry_id)
+        others = [b for b in self.metadata.ensemble_for(entry_id) if b not in replicas]
+        wait = _HeadWait(head, entry_id, replicas[0], replicas[1:] + others)
+        head.waiting = wait
         try:
             outcome, data, lac = await wait.fut
         finally:
-            watch.waiting = None
+            head.waiting = None
         if outcome is None:  # the watch fired: read the metadata again (arm() does, next round)
             return None
         self._lac = max(self._lac, lac)
