@@ -141,7 +141,7 @@ class _EntryRead:
                                                   f"{last}"))
 
 
-HeadResult = tuple[PollAnswer | None, bytes | None, int]  # outcome (None: the metadata changed), entry, LAC
+_HeadResult = tuple[PollAnswer | None, bytes | None, int]  # outcome (None: the metadata changed), entry, LAC
 
 
 class _HeadWait:
@@ -164,7 +164,7 @@ class _HeadWait:
         self.lac = -1
         self.error: BKError | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.fut: asyncio.Future[HeadResult] = handle._loop.create_future()
+        self.fut: asyncio.Future[_HeadResult] = handle._loop.create_future()
         self.ask([first])
         delay_ms = handle._bk.config.speculative_read_timeout_ms
         if rest and delay_ms:
@@ -212,7 +212,7 @@ class _HeadWait:
     def metadata_changed(self) -> None:
         self.settle((None, None, self.lac))
 
-    def settle(self, result: HeadResult) -> None:
+    def settle(self, result: _HeadResult) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
