@@ -38,13 +38,11 @@ from bookkeeper.errors import (
     TooManyOutstandingAddsError,
 )
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
-from bookkeeper.meta.zk import ledger_path
 from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
     from bookkeeper.client.bookie_client import ShardConnection
     from bookkeeper.client.client import BookKeeper
-    from bookkeeper.meta.zk import ZkMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +246,7 @@ class _TailHead:
         self.armed = True  # before the call: a fire during it clears this again
         h = self.h
         try:
-            version = await h._bk.metadata_call(_watch_ledger, h._bk.store, h.ledger_id, self._fired)
+            version = await h._bk.metadata_call(h._bk.store.watch_ledger, h.ledger_id, self._fired)
         except BaseException:
             self.armed = False  # no watch was set: the next round tries again
             raise
@@ -274,13 +272,6 @@ class _TailHead:
         self.armed = False
         if self.waiting is not None:
             self.waiting.metadata_changed()
-
-
-def _watch_ledger(store: ZkMetadataStore, ledger_id: int, fired: Callable[[Any], None]) -> int | None:
-    """The ledger's metadata version (None: no such ledger), with a one-shot watch that calls
-    fired(event) on kazoo's thread at the node's next change, deletion or session event."""
-    stat = store.zk.exists(ledger_path(store.root, ledger_id), watch=fired)
-    return None if stat is None else int(stat.version)
 
 
 class ReadHandle:

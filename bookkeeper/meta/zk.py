@@ -236,6 +236,13 @@ class ZkMetadataStore:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from e
         return LedgerMetadata.deserialize(data, version=stat.version)
 
+    def watch_ledger(self, ledger_id: int, fired: Callable[[Any], None]) -> int | None:
+        """The ledger's metadata version (None: no such ledger), with a one-shot watch that calls
+        fired(event) on kazoo's thread at the node's next change, deletion or session event
+        (a tailer follows a ledger's close, ensemble changes and recovery this way)."""
+        stat = self.zk.exists(ledger_path(self.root, ledger_id), watch=fired)
+        return None if stat is None else int(stat.version)
+
     def write_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
         """Compare-and-set on md.version; returns the snapshot at the new version."""
         try:
