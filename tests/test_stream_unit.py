@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import random
+import struct
 
 import pytest
+import zstandard
 
 from bookkeeper import errors
 from bookkeeper.meta.streams import Segment, check_name
@@ -106,6 +108,54 @@ def test_stray_bytes_and_unknown_versions_are_refused() -> None:
         recordset.decode(b"\x02" + entry[1:])
     with pytest.raises(errors.ProtocolError, match="codec"):
         recordset.decode(entry[:1] + b"\x02" + entry[2:])
+
+
+def _zstd_frame(declared: int, raw: bytes) -> bytes:
+    """A zstd frame whose header declares `declared` bytes, holding one raw block of `raw`:
+    what a hostile writer can put in a ledger, which zstandard itself never makes."""
+    header = struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", declared)  # single segment, 8-byte size
+    return header + struct.pack("<I", 1 | len(raw) << 3)[:3] + raw  # last block, raw
+
+
+def _set(flags: int, count: int, body: bytes) -> bytes:
+    return struct.pack(">BBIQq", recordset.VERSION, flags, count, 0, 1) + body
+
+
+_RECORD_OF_20000 = struct.pack(">qI", 1, 20000) + b"a" * 20000
+_UNSIZED = zstandard.ZstdCompressor(write_content_size=False).compress(_RECORD_OF_20000)
+
+
+@pytest.mark.parametrize("entry, max_bytes, error", [
+    # a 1 KiB set declaring 1 TiB: refused from the header, nothing allocated
+    (_set(recordset.CODEC_ZSTD, 1, _zstd_frame(1 << 40, b"a" * 1000)), 5 << 20, "declares 1099511627776 bytes"),
+    # declared just over the bound
+    (_set(recordset.CODEC_ZSTD, 1, zstandard.ZstdCompressor().compress(_RECORD_OF_20000)), 20000, "declares 20012"),
+    # no declared size: inflating stops at the bound
+    (_set(recordset.CODEC_ZSTD, 1, _UNSIZED), 10000, "at most 10000 bytes"),
+    # a declared size the frame does not hold
+    (_set(recordset.CODEC_ZSTD, 1, _zstd_frame(4096, b"a" * 100)), 5 << 20, "does not decompress"),
+    # not a zstd frame at all
+    (_set(recordset.CODEC_ZSTD, 1, b"not zstd"), 5 << 20, "not a zstd frame"),
+    # a second frame after the first
+    (_set(recordset.CODEC_ZSTD, 1, zstandard.ZstdCompressor().compress(_RECORD_OF_20000) * 2), 5 << 20,
+     "does not decompress"),
+    # 2**32 - 1 records in a 1 KiB body, compressed or not: refused before any is read
+    (_set(recordset.CODEC_NONE, 0xFFFFFFFF, b"z" * 1024), 5 << 20, "declares 4294967295 records"),
+    (_set(recordset.CODEC_ZSTD, 0xFFFFFFFF, zstandard.ZstdCompressor().compress(b"z" * 1024)), 5 << 20,
+     "declares 4294967295 records"),
+])
+def test_declared_sizes_are_checked_against_the_bytes(entry: bytes, max_bytes: int, error: str) -> None:
+    """What a set declares (its decompressed size, its record count) is checked against the
+    bound and the bytes before anything is allocated for it: ProtocolError naming the problem."""
+    with pytest.raises(errors.ProtocolError, match=error):
+        recordset.decode(entry, max_bytes=max_bytes)
+
+
+def test_a_set_at_the_bound_decodes() -> None:
+    """The bound is inclusive: a body of exactly max_bytes, declared or not, decodes."""
+    for body in (zstandard.ZstdCompressor().compress(_RECORD_OF_20000), _UNSIZED):
+        rs = recordset.decode(_set(recordset.CODEC_ZSTD, 1, body), max_bytes=len(_RECORD_OF_20000))
+        assert rs.records == [(1, b"a" * 20000)]
 
 
 def test_positions_order_like_a_reader_meets_records() -> None:

@@ -16,6 +16,12 @@ Layout (big-endian), version 1:
                          record so far, -1 when none)
     body (compressed as a whole when codec != 0):
         count x (i64 txid, u32 length, payload)
+
+Bounds: a reader takes entries from any writer of the ledger, so nothing a set declares is
+trusted before it is checked against what the bytes can hold: a body decompresses to at most
+`max_bytes` (a frame's size: no writer seals a bigger set), the size a zstd frame declares is
+read and refused before anything is allocated for it, and `count` records need at least
+`count` record headers of body.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 import zstandard
 
 from bookkeeper.errors import ProtocolError
+from bookkeeper.proto import DEFAULT_MAX_FRAME_BYTES
 
 VERSION = 1
 CODEC_NONE = 0
@@ -78,18 +85,19 @@ def decode_header(entry: bytes) -> tuple[int, int, int, bool]:
     return count, before, last_txid, bool(flags & FLAG_CONTROL)
 
 
-def decode(entry: bytes) -> RecordSet:
-    """Unpack one entry; a malformed one raises ProtocolError, never returns partial records."""
+def decode(entry: bytes, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> RecordSet:
+    """Unpack one entry; a malformed one raises ProtocolError, never returns partial records.
+    A body that would decompress to more than max_bytes is refused before it is inflated."""
     count, before, last_txid, control = decode_header(entry)
     codec = entry[1] & 0x03
     body = memoryview(entry)[HEADER_BYTES:]
     if codec == CODEC_ZSTD:
-        try:
-            body = memoryview(_ZSTD_D.decompress(body))
-        except zstandard.ZstdError as e:
-            raise ProtocolError(f"record set does not decompress: {e}") from None
+        body = memoryview(_inflate(body, max_bytes))
     elif codec != CODEC_NONE:
         raise ProtocolError(f"record set codec {codec} is unknown")
+    if count * RECORD_OVERHEAD > len(body):
+        raise ProtocolError(f"record set declares {count} records but its {len(body)}-byte body holds at most "
+                            f"{len(body) // RECORD_OVERHEAD}")
     records: list[tuple[int, bytes]] = []
     off = 0
     try:
@@ -105,3 +113,19 @@ def decode(entry: bytes) -> RecordSet:
     if off != len(body):
         raise ProtocolError(f"{len(body) - off} stray bytes after {count} records")
     return RecordSet(records, before, last_txid, control)
+
+
+def _inflate(body: memoryview, max_bytes: int) -> bytes:
+    """Decompress one zstd frame to at most max_bytes. zstandard allocates the size a frame
+    declares and ignores max_output_size when one is declared, so the declaration is checked
+    here first; an undeclared size is bounded by max_output_size."""
+    try:
+        declared = zstandard.frame_content_size(body)
+    except zstandard.ZstdError as e:
+        raise ProtocolError(f"record set is not a zstd frame: {e}") from None
+    if declared > max_bytes:
+        raise ProtocolError(f"record set declares {declared} bytes decompressed, over the {max_bytes}-byte bound")
+    try:
+        return _ZSTD_D.decompress(body, max_output_size=max_bytes, allow_extra_data=False)
+    except zstandard.ZstdError as e:
+        raise ProtocolError(f"record set does not decompress to at most {max_bytes} bytes: {e}") from None
