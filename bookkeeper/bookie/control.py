@@ -10,6 +10,13 @@ it is asked (a scrape, a GC the operator is waiting on, a read-only switch that 
 be in force before the registration moves), and a shard must never be blocked by it:
 the shard serves it on its own event loop, as one more connection.
 
+Who may ask: a socket in the abstract namespace has no file mode, so any local user could
+connect (and flip a shard writable); each connection's peer credentials (SO_PEERCRED, set
+by the kernel at connect, not claimable) are checked first, and only a peer running as the
+bookie's own uid is served. Not root as well: a bookie that is not root has no reason to
+take orders from root, and one that is root is served by root as the same uid. Any other
+peer is closed at once, unread, and logged with its pid and uid.
+
 Requests: {"op": "stats"} -> metrics snapshot and state; {"op": "readonly", "on": bool,
 "reason": str}; {"op": "gc", "force": bool} -> what the pass reclaimed.
 """
@@ -17,12 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 MAX_REQUEST_BYTES = 1 << 16
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+log = logging.getLogger("bookkeeper.shard")
 
 
 def socket_name(supervisor_pid: int, index: int) -> str:
@@ -33,7 +45,15 @@ def socket_name(supervisor_pid: int, index: int) -> str:
 async def serve(name: str, handler: Handler) -> asyncio.AbstractServer:
     """Serve the control socket on the running loop; a failing request gets {"error": ...}."""
 
+    own_uid = os.geteuid()
+
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid, uid = peer_credentials(writer.get_extra_info("socket"))
+        if uid != own_uid:
+            log.warning("control socket %s: refused a peer running as uid %d (pid %d); only uid %d is served",
+                        name[1:], uid, pid, own_uid)
+            writer.close()
+            return
         try:
             line = await reader.readline()
             try:
@@ -46,6 +66,12 @@ async def serve(name: str, handler: Handler) -> asyncio.AbstractServer:
             writer.close()
 
     return await asyncio.start_unix_server(client, path=name, limit=MAX_REQUEST_BYTES)
+
+
+def peer_credentials(sock: Any) -> tuple[int, int]:
+    """(pid, uid) of a connected Unix socket's peer, as the kernel recorded them at connect."""
+    pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid
 
 
 def call(name: str, request: dict[str, Any], *, timeout_s: float = 5.0) -> dict[str, Any]:
