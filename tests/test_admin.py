@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,47 @@ def test_admin_routes(cluster: LocalCluster, watched: tuple[LocalBookie, int]) -
     # autorecovery = false here, and nobody runs it: Apache's answer all the same
     assert get(port, "/api/v1/autorecovery/status") == (200, {"enabled": True, "auditor": None, "underreplicated": 0})
     assert get(port, "/nope")[0] == 404
+
+
+def test_one_forced_gc_at_a_time(watched: tuple[LocalBookie, int]) -> None:
+    """100 concurrent GC POSTs run one pass: with the shards stopped (SIGSTOP) the first pass
+    cannot end, so every other POST meets it and is answered 409 naming since when, and so is
+    `bk bookie gc` (one line, exit 3); once the shards go on, the one pass answers 200."""
+    bookie, port = watched
+    shards = bookie.shard_pids()
+    assert len(shards) == 2
+    for pid in shards:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            posts = [pool.submit(get, port, "/api/v1/bookie/gc", "POST") for _ in range(100)]
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in posts) < 99:
+                assert time.monotonic() < deadline, f"{sum(f.done() for f in posts)} of 100 GC POSTs answered"
+                time.sleep(0.05)
+            answered = [f for f in posts if f.done()]
+            busy = [f.result() for f in answered]
+            cli = bk_cli("bookie", "gc", "--http", f"127.0.0.1:{port}")
+            for pid in shards:
+                os.kill(pid, signal.SIGCONT)
+            ran = [f.result() for f in posts if f not in answered]
+    finally:
+        for pid in shards:
+            os.kill(pid, signal.SIGCONT)
+    assert {status for status, _ in busy} == {409}
+    assert all("a forced GC pass is running since" in body["error"] and body["running_since"] for _, body in busy)
+    assert len(ran) == 1 and ran[0][0] == 200 and ran[0][1]["shards_failed"] == [] and len(ran[0][1]["shards"]) == 2
+    assert cli.returncode == 3, cli.stderr
+    assert cli.stdout == "" and cli.stderr.count("\n") == 1
+    assert cli.stderr.startswith(f"bk: bookie at 127.0.0.1:{port}: a forced GC pass is running since ")
+    _wait_ready(port)
+
+
+def _wait_ready(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while get(port, "/api/v1/bookie/is_ready")[0] != 200:
+        assert time.monotonic() < deadline, get(port, "/api/v1/bookie/is_ready")
+        time.sleep(0.2)
 
 
 def _wait_registered_as(store: ZkMetadataStore, bookie_id: str, readonly: bool, timeout_s: float = 15) -> None:

@@ -1,6 +1,6 @@
 """Bounds on a bookie's local surfaces (issue 23, item 3): the shard control socket serves
-only its own uid (SO_PEERCRED), and the admin HTTP runs one forced GC at a time on a bounded
-number of request threads.
+only its own uid (SO_PEERCRED), and the admin HTTP serves on a bounded number of threads
+(503 over it). One forced GC at a time on a real bookie is in tests/test_admin.py.
 
 The control socket is served as the shard serves it (control.serve on an event loop, asyncio
 and uvloop) and asked by a real process of another uid: the tests run as root, so a forked
@@ -13,13 +13,16 @@ import logging
 import os
 import pwd
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
+from wsgiref.simple_server import make_server
 
 import pytest
 import uvloop
 
-from bookkeeper.bookie import control
+from bookkeeper.bookie import admin, control
+from bookkeeper.cli.main import gc_busy_reason
 
 _NO_ANSWER = 3  # the child's exit code when the socket closed without a byte
 _ANSWERED = 4
@@ -83,3 +86,61 @@ def test_control_socket_serves_only_its_own_uid(new_loop: Callable[[], asyncio.A
     assert own == {"ok": True} and handled == [{"op": "stats"}]
     nobody = pwd.getpwnam("nobody").pw_uid
     assert any(f"refused a peer running as uid {nobody}" in r.getMessage() for r in caplog.records)
+
+
+def test_admin_http_threads_are_bounded_and_the_excess_is_answered_503() -> None:
+    """The admin HTTP's server with an app that blocks: ADMIN_THREADS requests run, ADMIN_QUEUE
+    wait, the next connection is answered 503 at once; threads never pass ADMIN_THREADS more
+    than before, and every waiting request is served once the app lets go."""
+    release = threading.Event()
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        release.wait(30)
+        start_response("200 OK", [("Content-Length", "3")])
+        return [b"ok\n"]
+
+    threads_before = threading.active_count()
+    server = make_server("127.0.0.1", 0, app, server_class=admin._PooledWSGIServer, handler_class=admin._Quiet)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    port = server.server_address[1]
+    held: list[socket.socket] = []
+    try:
+        for _ in range(admin.ADMIN_THREADS + admin.ADMIN_QUEUE):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            held.append(s)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as over:
+            over.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            refused = b"".join(iter(lambda: over.recv(4096), b""))
+        assert refused.startswith(b"HTTP/1.0 503 ") and b"admin HTTP busy" in refused
+        assert threading.active_count() <= threads_before + admin.ADMIN_THREADS + 1  # + serve_forever's
+        release.set()
+        answers = [b"".join(iter(lambda s=s: s.recv(4096), b"")) for s in held]
+        assert all(a.startswith(b"HTTP/1.0 200 ") and a.endswith(b"ok\n") for a in answers)
+    finally:
+        release.set()
+        for s in held:
+            s.close()
+        server.shutdown()
+        server.server_close()
+        serving.join(10)
+
+
+def test_the_gc_409_says_since_when() -> None:
+    """The busy answer's time is UTC and its age one decimal: what an operator compares."""
+    assert admin.busy_answer(1_800_000_000.0, 1_800_000_012.34) == {
+        "error": "a forced GC pass is running since 2027-01-15T08:00:00Z (12.3 s): try again when it ends",
+        "running_since": "2027-01-15T08:00:00Z"}
+
+
+@pytest.mark.parametrize("message, reason", [
+    ('http://h:1/api/v1/bookie/gc: HTTP 409 {"error": "a forced GC pass is running since X", "running_since": "X"}',
+     "a forced GC pass is running since X"),
+    ("http://h:1/api/v1/bookie/gc: HTTP 409 not json", "not json"),
+    ('http://h:1/api/v1/bookie/gc: HTTP 500 {"error": "boom"}', None),
+    ("cannot reach the admin HTTP at h:1: connection refused", None),
+])
+def test_bk_bookie_gc_knows_the_409(message: str, reason: str | None) -> None:
+    """Only the 409 is the busy case `bk bookie gc` prints as its own line (exit 3)."""
+    assert gc_busy_reason(message) == reason

@@ -2,8 +2,10 @@
 readiness, the maintenance switch, info, garbage collection and auto-recovery status
 (Reference: Apache BookKeeper's HTTP admin).
 
-Lives in: the supervisor process, a threaded WSGI server on daemon threads (a GC an
-operator waits on must not hold up a scrape). Routes (docs/api.md section 10):
+Lives in: the supervisor process, a WSGI server on a bounded pool of threads (a GC an
+operator waits on must not hold up a scrape, and a flood of requests must not grow threads
+without bound: over ADMIN_THREADS running and ADMIN_QUEUE waiting, a connection is answered
+503 and closed). Routes (docs/api.md section 10):
   GET  /heartbeat                     "OK"
   GET  /metrics                       Prometheus text: every shard's metrics labelled shard,
                                       the bookie's own (state, disks, shards up, restarts)
@@ -15,15 +17,18 @@ operator waits on must not hold up a scrape). Routes (docs/api.md section 10):
                                       restarts), answers as GET once shards and registration follow
   GET  /api/v1/bookie/info            {"bookie_id", "ledgers", "dirs": [{"path", "kind", "total_bytes",
                                       "free_bytes", "pool_bytes", "usage", "full"}]}
-  POST /api/v1/bookie/gc              runs a GC pass on every shard, waits, returns the sums
+  POST /api/v1/bookie/gc              runs a GC pass on every shard, waits, returns the sums; while
+                                      a forced pass runs, others are answered 409 at once
   GET  /api/v1/autorecovery/status    on every bookie: {"enabled", "auditor", "underreplicated"} from
                                       ZooKeeper, plus the embedded service's own keys where it runs
 """
 from __future__ import annotations
 
 import json
-import socketserver
+import queue
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -39,6 +44,9 @@ if TYPE_CHECKING:
     from bookkeeper.bookie.supervisor import Supervisor
 
 GC_TIMEOUT_S = 3600.0
+ADMIN_THREADS = 8  # requests served at once (a forced GC holds one for its whole pass)
+ADMIN_QUEUE = 256  # requests accepted and waiting for a thread; more are answered 503
+REQUEST_TIMEOUT_S = 30.0  # a peer that sends nothing for this long gives its thread back
 MAX_BODY_BYTES = 4096  # a request body (the read-only switch's is a few bytes)
 _GC_SUMS = ("ledgers_deleted", "logs_compacted", "logs_deleted", "entries_copied", "bytes_copied",
             "bytes_reclaimed")
@@ -153,29 +161,111 @@ def run_gc(sup: Supervisor) -> dict[str, Any]:
     return out
 
 
+class OneGcAtATime:
+    """POST /api/v1/bookie/gc: one forced pass at a time. A second request while one runs is
+    answered 409 at once, saying since when: queueing it would hold an admin thread for up to
+    an hour to redo work the running pass is doing, and a pass per request multiplies the
+    compaction's disk traffic by the number of askers."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._since: float | None = None  # wall time the running pass started; None when none runs
+
+    def __call__(self, sup: Supervisor) -> tuple[str, dict[str, Any]]:
+        with self._mutex:
+            now = time.time()
+            if self._since is not None:
+                return "409 Conflict", busy_answer(self._since, now)
+            self._since = now
+        try:
+            return "200 OK", run_gc(sup)
+        finally:
+            with self._mutex:
+                self._since = None
+
+
+def busy_answer(since: float, now: float) -> dict[str, Any]:
+    """The 409's body: a pass is running, since when (UTC) and for how long."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+    return {"error": f"a forced GC pass is running since {stamp} ({now - since:.1f} s): try again when it ends",
+            "running_since": stamp}
+
+
 READONLY_PATH = "/api/v1/bookie/state/readonly"
+GC_PATH = "/api/v1/bookie/gc"
 # Routes answered 200 with the report's JSON, and routes whose answer says its own status.
 _REPORTS: dict[tuple[str, str], Callable[[Supervisor], dict[str, Any]]] = {
     ("GET", "/api/v1/bookie/state"): state_report, ("GET", "/api/v1/bookie/info"): info_report,
-    ("POST", "/api/v1/bookie/gc"): run_gc, ("PUT", "/api/v1/bookie/gc"): run_gc,
     ("GET", READONLY_PATH): readonly_switch}
-_ANSWERS: dict[tuple[str, str], Callable[[Supervisor], tuple[str, dict[str, Any]]]] = {
+Answer = Callable[["Supervisor"], tuple[str, dict[str, Any]]]
+_ANSWERS: dict[tuple[str, str], Answer] = {
     ("GET", "/api/v1/bookie/is_ready"): readiness_report, ("GET", "/api/v1/autorecovery/status"): autorecovery_status}
 
 
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _PooledWSGIServer(WSGIServer):
+    """A WSGI server whose requests run on a fixed pool of threads, with at most ADMIN_QUEUE
+    waiting: socketserver's ThreadingMixIn starts a thread per connection, so a flood (or peers
+    that connect and send nothing) would grow threads without bound."""
+
+    request_queue_size = 128  # the listen backlog: a burst of askers is not made to retry SYNs
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._waiting: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(ADMIN_THREADS + ADMIN_QUEUE)
+        for i in range(ADMIN_THREADS):  # daemon threads: a GC in progress does not hold up the bookie's exit
+            threading.Thread(target=self._work, daemon=True, name=f"admin-http-{i}").start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse_busy(request)
+            self.shutdown_request(request)
+            return
+        self._waiting.put((request, client_address))
+
+    def _work(self) -> None:
+        while (job := self._waiting.get()) is not None:
+            request, client_address = job
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+                self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        for _ in range(ADMIN_THREADS):
+            self._waiting.put(None)
+
+
+def _refuse_busy(request: socket.socket) -> None:
+    """503 written straight to a connection no thread can take (a few bytes into an empty send
+    buffer: it does not block the accepting thread)."""
+    body = json.dumps({"error": f"admin HTTP busy: {ADMIN_THREADS + ADMIN_QUEUE} requests in progress"}).encode()
+    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) + 1}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        request.setblocking(False)
+        request.send(head + body + b"\n")
+    except OSError:
+        pass  # the peer is gone or not reading: closing it is all that is left
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S
+
     def log_message(self, *args: Any) -> None:
         pass
 
 
 def start_admin_http(sup: Supervisor) -> WSGIServer:
-    """Serve the admin routes on the bookie's http_port (bind_address), on daemon threads."""
+    """Serve the admin routes on the bookie's http_port (bind_address), on a bounded pool."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BookieCollector(sup))  # type: ignore[arg-type]
+    gc = OneGcAtATime()
+    answers: dict[tuple[str, str], Answer] = {**_ANSWERS, ("POST", GC_PATH): gc, ("PUT", GC_PATH): gc}
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
@@ -186,16 +276,16 @@ def start_admin_http(sup: Supervisor) -> WSGIServer:
         key = (method, path)
         if key in _REPORTS:
             return _json(start_response, "200 OK", _REPORTS[key](sup))
-        if key in _ANSWERS:
-            return _json(start_response, *_ANSWERS[key](sup))
+        if key in answers:
+            return _json(start_response, *answers[key](sup))
         if key == ("PUT", READONLY_PATH):
             return _json(start_response, *_with_body(environ, lambda body: set_readonly_switch(sup, body)))
-        if any(p == path for _m, p in [*_REPORTS, *_ANSWERS]):
+        if any(p == path for _m, p in [*_REPORTS, *answers]):
             return _json(start_response, "405 Method Not Allowed", {"error": f"{method} not allowed on {path}"})
         return _json(start_response, "404 Not Found", {"error": f"no route {path}"})
 
     server = make_server(sup.cfg.bind_address or "0.0.0.0", sup.cfg.http_port, app,
-                         server_class=_ThreadingWSGIServer, handler_class=_Quiet)
+                         server_class=_PooledWSGIServer, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, daemon=True, name="admin-http").start()
     return server
 

@@ -403,9 +403,20 @@ def gc_table(result: dict[str, Any]) -> Table:
     return table
 
 
+EXIT_GC_BUSY = 3  # `bk bookie gc`: a forced pass already runs there (HTTP 409); a script may retry later
+
+
 def cmd_bookie_gc(args: argparse.Namespace) -> int:
-    """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed."""
-    result = _admin_request(args.http, "/api/v1/bookie/gc", method="POST", timeout_s=args.timeout_s)
+    """POST /api/v1/bookie/gc on a bookie's admin HTTP, wait, print what was reclaimed. A
+    bookie already running a forced pass answers 409: one line, exit EXIT_GC_BUSY."""
+    try:
+        result = _admin_request(args.http, "/api/v1/bookie/gc", method="POST", timeout_s=args.timeout_s)
+    except BKError as e:
+        busy = gc_busy_reason(str(e))
+        if busy is None:
+            raise
+        error_line(f"bk: bookie at {args.http}: {busy}")
+        return EXIT_GC_BUSY
     if args.json:
         print(json.dumps(result))
         return 0
@@ -414,6 +425,18 @@ def cmd_bookie_gc(args: argparse.Namespace) -> int:
         error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
         return 1
     return 0
+
+
+def gc_busy_reason(message: str) -> str | None:
+    """The admin HTTP's reason when an error (as _admin_request words it) is the 409 of a GC
+    pass already running; None for any other error."""
+    _url, sep, answer = message.partition(": HTTP 409 ")
+    if not sep:
+        return None
+    try:
+        return str(json.loads(answer)["error"])
+    except (ValueError, KeyError, TypeError):
+        return answer
 
 
 # -- servers -----------------------------------------------------------------------
