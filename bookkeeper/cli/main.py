@@ -344,9 +344,19 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class AdminHTTPError(BKError):
+    """A bookie's admin HTTP answered with an error status: the status and the answer's
+    JSON error text (or its raw text), so a caller can tell a 409 from a failure."""
+
+    def __init__(self, url: str, status: int, reason: str) -> None:
+        super().__init__(f"{url}: HTTP {status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
 def _admin_request(http: str, path: str, *, method: str = "GET", timeout_s: float) -> Any:
     """One request to a bookie's admin HTTP (--http HOST:PORT); its JSON answer. An error
-    answer is a BKError, an unreachable bookie a BookieUnavailableError (one line each)."""
+    answer is an AdminHTTPError, an unreachable bookie a BookieUnavailableError (one line each)."""
     import urllib.error
     import urllib.request
 
@@ -359,10 +369,19 @@ def _admin_request(http: str, path: str, *, method: str = "GET", timeout_s: floa
                                                            method=method), timeout=timeout_s) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        raise BKError(f"{url}: HTTP {e.code} {e.read()[:200].decode('utf-8', 'replace').strip()}") from None
+        raise AdminHTTPError(url, e.code, admin_error_text(e.read()[:2000])) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise BookieUnavailableError(f"cannot reach the admin HTTP at {host}:{port}: {reason}") from None
+
+
+def admin_error_text(body: bytes) -> str:
+    """An error answer's "error" field when it is JSON with one, else its text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        return str(json.loads(text)["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:200]
 
 
 def _mib(nbytes: int) -> str:
@@ -411,11 +430,10 @@ def cmd_bookie_gc(args: argparse.Namespace) -> int:
     bookie already running a forced pass answers 409: one line, exit EXIT_GC_BUSY."""
     try:
         result = _admin_request(args.http, "/api/v1/bookie/gc", method="POST", timeout_s=args.timeout_s)
-    except BKError as e:
-        busy = gc_busy_reason(str(e))
-        if busy is None:
+    except AdminHTTPError as e:
+        if e.status != 409:  # 409: a pass is running already (one at a time)
             raise
-        error_line(f"bk: bookie at {args.http}: {busy}")
+        error_line(f"bk: bookie at {args.http}: {e.reason}")
         return EXIT_GC_BUSY
     if args.json:
         print(json.dumps(result))
@@ -425,18 +443,6 @@ def cmd_bookie_gc(args: argparse.Namespace) -> int:
         error_line(f"bk: shard(s) {result['shards_failed']} did not answer")
         return 1
     return 0
-
-
-def gc_busy_reason(message: str) -> str | None:
-    """The admin HTTP's reason when an error (as _admin_request words it) is the 409 of a GC
-    pass already running; None for any other error."""
-    _url, sep, answer = message.partition(": HTTP 409 ")
-    if not sep:
-        return None
-    try:
-        return str(json.loads(answer)["error"])
-    except (ValueError, KeyError, TypeError):
-        return answer
 
 
 # -- servers -----------------------------------------------------------------------
