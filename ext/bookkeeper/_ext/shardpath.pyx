@@ -19,7 +19,6 @@ defines the behaviour on bad input, and this loop only takes the adds whose answ
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
-from libc.string cimport memcmp
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.ref cimport PyObject
@@ -38,6 +37,16 @@ cdef enum:
     ENTRY_HEADER = 32
     REC_ADD = 1
     STATUS_SERVER_ERROR = 9
+
+
+cdef inline bint keys_equal(const char* a, const char* b, Py_ssize_t n) noexcept nogil:
+    """Compare two master keys in time that does not depend on where they differ (memcmp
+    stops at the first difference, which tells a prober how much of a key it guessed)."""
+    cdef unsigned char diff = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        diff |= <unsigned char>(a[i] ^ b[i])
+    return diff == 0
 
 
 cdef class LedgerState:
@@ -169,7 +178,7 @@ cdef class AddPath:
                 if found != NULL:
                     st = <LedgerState>found
                     if (PyBytes_GET_SIZE(st.master_key) != KEY_LEN
-                            or memcmp(PyBytes_AS_STRING(st.master_key), p + 32, KEY_LEN) != 0
+                            or not keys_equal(PyBytes_AS_STRING(st.master_key), <const char*>p + 32, KEY_LEN)
                             or (st.fenced and not (p[7] & FLAG_RECOVERY_ADD))):
                         found = NULL
                 if found == NULL:
