@@ -113,6 +113,11 @@ class BookieConfig:
     lost_bookie_delay_s: float = 30.0
     open_ledger_rereplication_grace_s: float = 30.0
     audit_interval_s: float = 5.0
+    # Bounds on every peer (docs/protocol.md, Bounds): per shard.
+    max_connections: int = 10_000
+    write_buffer_high_bytes: int = 4 * 1024 * 1024
+    max_long_polls_per_connection: int = 1_000
+    idle_timeout_s: float = 600.0
     tls_enabled: bool = False
     auth_provider: str = ""
 
@@ -157,6 +162,13 @@ class BookieConfig:
         for name in ("lost_bookie_delay_s", "open_ledger_rereplication_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_connections", "max_long_polls_per_connection"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.write_buffer_high_bytes < 64 * 1024:
+            raise ConfigError(f"write_buffer_high_bytes must be >= 65536, got {self.write_buffer_high_bytes}")
+        if self.idle_timeout_s < 0:
+            raise ConfigError(f"idle_timeout_s must be >= 0 (0: off), got {self.idle_timeout_s}")
         if self.tls_enabled:
             raise ConfigError("tls_enabled: TLS is not supported yet")
         if self.auth_provider:

@@ -59,6 +59,10 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "compaction_logs_deleted": ("counter", "entry logs deleted by compaction and GC"),
     "journal_pool_released_bytes": ("counter", "pooled journal bytes (reuse files, spare) given back because "
                                                "the journal disk passed disk_usage_warn"),
+    "connections_refused": ("counter", "connections closed at once: max_connections were open"),
+    "long_polls_refused": ("counter", "long polls answered at once: unknown ledger, or the connection's "
+                                      "max_long_polls_per_connection parked"),
+    "idle_closed": ("counter", "connections closed after idle_timeout_s without a request or anything outstanding"),
     "add_entry_latency_seconds": ("histogram", "add request arrival to durable response"),
     "read_entry_latency_seconds": ("histogram", "read request service time (long polls excluded)"),
     "journal_sync_latency_seconds": ("histogram", "journal block write + fdatasync"),
@@ -68,6 +72,10 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "compaction_duration_seconds": ("histogram", "one GC pass's compaction"),
     "connections": ("gauge", "client connections open"),
     "paused_senders": ("gauge", "connections paused by backpressure"),
+    "paused_readers": ("gauge", "connections not read because they do not read their answers "
+                                "(over write_buffer_high_bytes)"),
+    "write_buffer_bytes": ("gauge", "answers written but not yet taken by their peers"),
+    "long_polls": ("gauge", "long polls parked"),
     "journal_queue_bytes": ("gauge", "bytes waiting in the journal's filling batch"),
     "write_cache_bytes": ("gauge", "bytes in the write cache (accounted with per-entry overhead)"),
     "ledgers": ("gauge", "ledgers this shard holds"),

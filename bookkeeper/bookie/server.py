@@ -14,15 +14,26 @@ Bad input never takes the shard down: a frame that can never parse (over the
 limit, shorter than a header, unknown version) closes that connection; a
 well-formed frame with a bad op, key or ledger gets an error status; nothing
 stored changes on any error path.
+
+Bounds on every peer (`PeerBounds`, docs/protocol.md "Bounds"): at most `max_connections`
+per shard (one over it is closed at once); a peer whose answers pile up unread past
+`write_buffer_high_bytes` is not read from, and its requests already received wait
+unanswered, until its answers drain; at most `max_long_polls_per_connection` parked long
+polls per connection (one over it is answered at once with the current state), none on a
+ledger this shard does not hold (NO_SUCH_LEDGER at once); a connection with no request for
+`idle_timeout_s` and nothing outstanding is closed.
 """
 from __future__ import annotations
 
 import asyncio
+import enum
+import hmac
 import logging
 import shutil
 import struct
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
@@ -56,6 +67,59 @@ _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
 _NO_REPLY = (None, None, 0.0)
 BOOKIE_INFO = struct.Struct(">QQHH")
 LONG_POLL_MAX_MS = 60_000
+REFUSAL_LOG_INTERVAL_S = 10.0  # a flood of refused connections logs one line per interval
+
+
+@dataclass(frozen=True)
+class PeerBounds:
+    """What one peer may hold of a shard (the bookie config keys of the same names)."""
+
+    max_connections: int = 10_000
+    write_buffer_high_bytes: int = 4 << 20
+    max_long_polls_per_connection: int = 1_000
+    idle_timeout_s: float = 600.0  # 0: never closed for idleness
+
+
+class LongPoll(enum.Enum):
+    """What a shard does with a long poll (see judge_long_poll)."""
+
+    ANSWER = "answer"    # the LAC covers the entry: the entry, or NO_SUCH_ENTRY with the LAC
+    UNKNOWN = "unknown"  # no such ledger here: NO_SUCH_LEDGER at once
+    NOW = "now"          # the connection's cap is reached: the current state at once
+    PARK = "park"        # wait for the LAC to cover the entry, or the poll's time
+
+
+def judge_long_poll(*, known: bool, covered: bool, parked: int, cap: int) -> LongPoll:
+    """A long poll's fate.
+
+    | ledger held | LAC covers entry | parked on the connection | fate    |
+    |-------------|------------------|--------------------------|---------|
+    | no          | -                | -                        | UNKNOWN |
+    | yes         | yes              | -                        | ANSWER  |
+    | yes         | no               | >= cap                   | NOW     |
+    | yes         | no               | < cap                    | PARK    |
+
+    Why refuse unknown ledgers: a parked poll costs memory and a timer, and ids are free
+    to invent. Why answer over the cap with the state rather than an error: the answer is
+    the one its expiry would give, which every client already handles (it asks again).
+    """
+    if not known:
+        return LongPoll.UNKNOWN
+    if covered:
+        return LongPoll.ANSWER
+    return LongPoll.NOW if parked >= cap else LongPoll.PARK
+
+
+def is_idle(*, now: float, last_request: float, timeout_s: float, outstanding: bool) -> bool:
+    """Whether to close a connection for idleness.
+
+    | timeout_s | outstanding (parked polls, unsent or unread answers, held requests) | silent >= timeout | idle |
+    |-----------|---------------------------------------------------------------------|-------------------|------|
+    | 0         | -                                                                   | -                 | no   |
+    | > 0       | yes                                                                 | -                 | no   |
+    | > 0       | no                                                                  | yes / no          | yes / no |
+    """
+    return timeout_s > 0 and not outstanding and now - last_request >= timeout_s
 
 
 class BookieProtocol(asyncio.Protocol):
@@ -69,21 +133,64 @@ class BookieProtocol(asyncio.Protocol):
         self.pending = bytearray()  # encoded responses of adds not yet durable (the C add path)
         self.closed = False
         self._refusing = False  # a bad frame arrived: answer what came before it, then close
+        self.writing_paused = False  # the peer does not read its answers: see pause_writing
+        self.held: deque[tuple[Any, ...]] = deque()  # requests received while writing_paused, answered on resume
+        self._out_bytes = 0  # payload bytes of the answers in _out
+        self.long_polls = 0  # parked long polls of this connection
+        self.last_request = time.monotonic()
+        self._buffered = True  # the transport keeps what the peer has not taken (a socket's)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.shard.connections.add(self)
+        if not self.shard.admit(self):
+            self.closed = True
+            transport.close()
+            return
+        try:
+            transport.set_write_buffer_limits(high=self.shard.bounds.write_buffer_high_bytes)  # type: ignore[attr-defined]
+        except NotImplementedError:  # an in-process driver's transport (tests, bk bench shard): no buffer
+            self._buffered = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.held.clear()
         self.shard.connections.discard(self)
         self.shard.paused.discard(self)
+        self.shard.write_paused.discard(self)
         self.shard.forget_waiters(self)
+
+    def pause_writing(self) -> None:
+        """The peer's unread answers passed write_buffer_high_bytes: stop reading it, and
+        hold what it already sent, so that what a shard keeps for it stays bounded."""
+        self.writing_paused = True
+        self.shard.write_paused.add(self)
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """Its answers drained: answer the held requests (until it fills up again), then read
+        it again unless the shard's own backpressure holds it (release_backpressure does then)."""
+        self.writing_paused = False
+        self.shard.write_paused.discard(self)
+        self.shard.now = time.monotonic()
+        while self.held and not self.writing_paused and not self.closed:
+            self.shard.handle(self, self.held.popleft())
+        self.shard.wake_parked()
+        self.flush()
+        if not self.writing_paused and self not in self.shard.paused and self.transport is not None \
+                and not self._refusing and not self.closed:
+            self.transport.resume_reading()
+
+    def outstanding(self) -> bool:
+        """Anything owed to or from the peer: parked polls, held requests, answers not yet
+        durable or not yet taken by the peer."""
+        return bool(self.long_polls or self.held or self.pending or self.writing_paused
+                    or (self._buffered and self.transport is not None and self.transport.get_write_buffer_size()))
 
     def data_received(self, data: bytes) -> None:
         if self._refusing:
             return
-        now = self.shard.now = time.monotonic()  # the arrival time of every request in this buffer
+        now = self.shard.now = self.last_request = time.monotonic()  # every request's arrival time
         bad: FrameError | None
         if self._buf:
             self._buf += data
@@ -118,11 +225,15 @@ class BookieProtocol(asyncio.Protocol):
 
     def respond(self, resp: Response) -> None:
         self._out.append(resp)
+        self._out_bytes += len(resp[6])
+        if self._out_bytes >= self.shard.bounds.write_buffer_high_bytes:
+            self.flush()  # may pause_writing: the rest of this receive buffer is then held
 
     def flush(self) -> None:
         if self._out and not self.closed and self.transport is not None:
             self.transport.write(encode_responses(self._out))
         self._out = []
+        self._out_bytes = 0
 
     def send_now(self, responses: list[Response]) -> None:
         if not self.closed and self.transport is not None:
@@ -148,7 +259,7 @@ class ShardServer:
 
     def __init__(self, *, storage: LedgerStorage, shard_index: int, shards: int,
                  max_frame_bytes: int, readonly: bool, data_dir: str,
-                 write_cache_max_bytes: int = 64 << 20) -> None:
+                 write_cache_max_bytes: int = 64 << 20, bounds: PeerBounds = PeerBounds()) -> None:
         self.storage = storage
         self.write_cache_max_bytes = write_cache_max_bytes
         self.journal: Journal | None = None
@@ -158,9 +269,15 @@ class ShardServer:
         self.readonly = readonly  # adds get READ_ONLY: set by the supervisor (disks, decommission, config)
         self.readonly_reason: str | None = "readonly = true in the configuration" if readonly else None
         self.data_dir = data_dir
+        self.bounds = bounds
         self.connections: set[BookieProtocol] = set()
-        self.paused: set[BookieProtocol] = set()
-        self.counters: dict[int | str, int] = defaultdict(int)  # per op code, "bad_frames", "add_errors", "fence"
+        self.paused: set[BookieProtocol] = set()  # not read: the shard is over its memory bounds
+        self.write_paused: set[BookieProtocol] = set()  # not read: their answers are not being read
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL_S
+        self._idle_sweep: asyncio.TimerHandle | None = None
+        # per op code, "bad_frames", "add_errors", "fence", "connections_refused", "long_polls_refused",
+        # "idle_closed"
+        self.counters: dict[int | str, int] = defaultdict(int)
         self.histograms = shard_histograms()
         self._add_latency = self.histograms["add_entry_latency_seconds"]
         self._read_latency = self.histograms["read_entry_latency_seconds"]
@@ -169,6 +286,49 @@ class ShardServer:
         self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
         self.add_path = AddPath(self, storage, max_frame_bytes, ENTRY_OVERHEAD_BYTES)
+
+    # -- peers -----------------------------------------------------------------
+    def admit(self, conn: BookieProtocol) -> bool:
+        """Take a new connection unless max_connections are open (then count and log it)."""
+        if len(self.connections) >= self.bounds.max_connections:
+            self.counters["connections_refused"] += 1
+            now = time.monotonic()
+            if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:
+                self._refusal_logged = now
+                log.warning("refusing connections: %d open, max_connections = %d (%d refused so far)",
+                            len(self.connections), self.bounds.max_connections, self.counters["connections_refused"])
+            return False
+        self.connections.add(conn)
+        if self.bounds.idle_timeout_s > 0 and self._idle_sweep is None:
+            self._schedule_idle_sweep()
+        return True
+
+    def _schedule_idle_sweep(self) -> None:
+        """Sweep four times per timeout, so a connection idles at most 1.25 timeouts; no
+        timer while no connection is open."""
+        self._idle_sweep = asyncio.get_running_loop().call_later(self.bounds.idle_timeout_s / 4, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        now = time.monotonic()
+        timeout = self.bounds.idle_timeout_s
+        for conn in [c for c in self.connections if is_idle(now=now, last_request=c.last_request,
+                                                            timeout_s=timeout, outstanding=c.outstanding())]:
+            self.counters["idle_closed"] += 1
+            log.debug("closing connection %s: no request for %.0f s", conn.peer, now - conn.last_request)
+            conn.close()
+            self.connections.discard(conn)
+        self._idle_sweep = None
+        if self.connections:
+            self._schedule_idle_sweep()
+
+    def write_buffer_bytes(self) -> int:
+        """Answers written but not yet taken by their peers, over every connection."""
+        return sum(c.transport.get_write_buffer_size() for c in self.connections
+                   if c._buffered and c.transport is not None)
+
+    def long_polls(self) -> int:
+        """Long polls parked, over every connection."""
+        return sum(len(w) for w in self._waiters.values())
 
     # -- backpressure ------------------------------------------------------------
     def _over_bounds(self) -> bool:
@@ -187,8 +347,8 @@ class ShardServer:
         """Resume the paused senders once the shard is back within its bounds."""
         if self.paused and not self._over_bounds():
             for conn in self.paused:
-                if not conn.closed and conn.transport is not None:
-                    conn.transport.resume_reading()
+                if not conn.closed and not conn.writing_paused and conn.transport is not None:
+                    conn.transport.resume_reading()  # else its resume_writing does
             self.paused.clear()
 
     # -- journal callbacks -----------------------------------------------------
@@ -246,7 +406,14 @@ class ShardServer:
         self.release_backpressure()  # paused senders get their errors, not a stall
 
     # -- dispatch --------------------------------------------------------------
-    def dispatch(self, conn: BookieProtocol, frame: tuple) -> None:
+    def dispatch(self, conn: BookieProtocol, frame: tuple[Any, ...]) -> None:
+        """A request the C add path did not take; held while its peer does not read answers."""
+        if conn.writing_paused or conn.held:
+            conn.held.append(frame)
+            return
+        self.handle(conn, frame)
+
+    def handle(self, conn: BookieProtocol, frame: tuple[Any, ...]) -> None:
         op, flags, req_id, ledger_id, entry_id, key, aux, payload, blob_lac = frame
         self.counters[op] += 1
         try:
@@ -295,7 +462,7 @@ class ShardServer:
                     status = _UNAUTHORIZED
                 else:
                     st = self._new_ledger(ledger_id, key)
-            elif st.master_key != key:
+            elif not hmac.compare_digest(st.master_key, key):
                 status = _UNAUTHORIZED
             if status == _OK and st.fenced and not flags & _RECOVERY_ADD:  # type: ignore[union-attr]
                 status = _FENCED
@@ -327,7 +494,7 @@ class ShardServer:
             return st, Status.UNAUTHORIZED
         if st is None:
             st = self._new_ledger(ledger_id, key)
-        elif st.master_key != key:
+        elif not hmac.compare_digest(st.master_key, key):
             return st, Status.UNAUTHORIZED
         st.fenced = True
         return st, Status.OK
@@ -351,10 +518,17 @@ class ShardServer:
         if flags & Flag.LONG_POLL and entry_id >= 0:
             # Long poll: answer once this bookie's LAC covers the entry (an acknowledged
             # entry, never one that recovery might still drop), or when aux ms pass.
-            if st is not None and st.lac >= entry_id:
-                return conn.respond(self._covered(ledger_id, entry_id, st.lac, req_id))
-            self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
-            return None
+            fate = judge_long_poll(known=st is not None, covered=st is not None and st.lac >= entry_id,
+                                   parked=conn.long_polls, cap=self.bounds.max_long_polls_per_connection)
+            if fate is LongPoll.PARK:
+                self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
+                return None
+            if fate is LongPoll.ANSWER:
+                return conn.respond(self._covered(ledger_id, entry_id, st.lac, req_id))  # type: ignore[union-attr]
+            self.counters["long_polls_refused"] += 1
+            if fate is LongPoll.UNKNOWN:
+                return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
+            return conn.respond((op, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, st.lac, b""))  # type: ignore[union-attr]
         if st is None:
             return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
         data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
@@ -394,7 +568,7 @@ class ShardServer:
         st = self.storage.ledger(ledger_id)
         if st is None:
             return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, lac, -1, b""))
-        if key == NO_KEY or st.master_key != key:
+        if key == NO_KEY or not hmac.compare_digest(st.master_key, key):
             return conn.respond((op, Status.UNAUTHORIZED, req_id, ledger_id, lac, st.lac, b""))
         if st.fenced:
             return conn.respond((op, Status.FENCED, req_id, ledger_id, lac, st.lac, b""))
@@ -414,6 +588,7 @@ class ShardServer:
             for i, w in enumerate(mine):
                 if w[1] is conn and w[2] == req_id:
                     del mine[i]
+                    conn.long_polls -= 1
                     break
             if not mine:
                 self._waiters.pop(ledger_id, None)
@@ -422,9 +597,13 @@ class ShardServer:
                             ledger_id, entry_id, st.lac if st else -1, b"")])
 
         waiters.append((entry_id, conn, req_id, loop.call_later(timeout_ms / 1000.0, expire)))
+        conn.long_polls += 1
 
     def forget_waiters(self, conn: BookieProtocol) -> None:
         """Drop a closed connection's long polls (and their timers) at once."""
+        if not conn.long_polls:
+            return
+        conn.long_polls = 0
         for ledger_id in list(self._waiters):
             keep = []
             for w in self._waiters[ledger_id]:
@@ -473,6 +652,7 @@ class ShardServer:
                 keep.append((entry_id, conn, req_id, timer))
                 continue
             timer.cancel()
+            conn.long_polls -= 1
             conn.send_now([self._covered(ledger_id, entry_id, st.lac, req_id)])
         if keep:
             self._waiters[ledger_id] = keep

@@ -32,7 +32,7 @@ from bookkeeper.bookie import control
 from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
 from bookkeeper.bookie.journal import Journal, make_syncer
 from bookkeeper.bookie.journal.journal import Record, journal_pool_bytes, pool_files
-from bookkeeper.bookie.server import BookieProtocol, ShardServer
+from bookkeeper.bookie.server import BookieProtocol, PeerBounds, ShardServer
 from bookkeeper.bookie.state import disk_usage, journal_space
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
@@ -73,7 +73,11 @@ class Shard:
         self.server = ShardServer(storage=self.storage, shard_index=index, shards=cfg.shards,
                                   max_frame_bytes=cfg.max_frame_bytes, readonly=cfg.readonly,
                                   data_dir=str(cfg.shard_ledger_dir(index)),
-                                  write_cache_max_bytes=cfg.write_cache_max_bytes)
+                                  write_cache_max_bytes=cfg.write_cache_max_bytes,
+                                  bounds=PeerBounds(max_connections=cfg.max_connections,
+                                                    write_buffer_high_bytes=cfg.write_buffer_high_bytes,
+                                                    max_long_polls_per_connection=cfg.max_long_polls_per_connection,
+                                                    idle_timeout_s=cfg.idle_timeout_s))
         self.syncer = make_syncer(cfg.journal_sync, self.loop)
         self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
                                on_durable=self._on_durable, on_failed=self._on_journal_failed,
@@ -308,8 +312,13 @@ class Shard:
                     "read_entry": server.counters[int(Op.READ_ENTRY)], "fence": server.counters["fence"],
                     "write_lac": server.counters[int(Op.WRITE_LAC)],
                     "bad_frames": server.counters["bad_frames"], "journal_batches": journal.stats["blocks"],
+                    "connections_refused": server.counters["connections_refused"],
+                    "long_polls_refused": server.counters["long_polls_refused"],
+                    "idle_closed": server.counters["idle_closed"],
                     "journal_bytes": journal.stats["bytes"], **self.counters}
         gauges = {"connections": len(server.connections), "paused_senders": len(server.paused),
+                  "paused_readers": len(server.write_paused), "write_buffer_bytes": server.write_buffer_bytes(),
+                  "long_polls": server.long_polls(),
                   "journal_queue_bytes": journal.queued_bytes, "write_cache_bytes": storage.write_cache_bytes,
                   "ledgers": len(storage.ledgers), "entry_log_bytes": sum(u[1] for u in usage.values()),
                   "entry_log_live_bytes": sum(u[2] for u in usage.values()), "readonly": int(server.readonly),
