@@ -580,24 +580,26 @@ class ShardServer:
 
     # -- long poll -------------------------------------------------------------
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
-        waiters = self._waiters.setdefault(ledger_id, [])
-        loop = asyncio.get_running_loop()
-
-        def expire() -> None:
-            mine = self._waiters.get(ledger_id, [])
-            for i, w in enumerate(mine):
-                if w[1] is conn and w[2] == req_id:
-                    del mine[i]
-                    conn.long_polls -= 1
-                    break
-            if not mine:
-                self._waiters.pop(ledger_id, None)
-            st = self.storage.ledger(ledger_id)
-            conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
-                            ledger_id, entry_id, st.lac if st else -1, b"")])
-
-        waiters.append((entry_id, conn, req_id, loop.call_later(timeout_ms / 1000.0, expire)))
+        """Park a long poll. Its timer calls a bound method with plain arguments: a closure
+        per poll (a function and five cells) was half of a parked poll's memory."""
+        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0, self._expire, conn, req_id,
+                                                      ledger_id, entry_id)
+        self._waiters.setdefault(ledger_id, []).append((entry_id, conn, req_id, timer))
         conn.long_polls += 1
+
+    def _expire(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int) -> None:
+        """A parked long poll's time ran out: the current state (its ledger may be gone by now)."""
+        mine = self._waiters.get(ledger_id, [])
+        for i, w in enumerate(mine):
+            if w[1] is conn and w[2] == req_id:
+                del mine[i]
+                conn.long_polls -= 1
+                break
+        if not mine:
+            self._waiters.pop(ledger_id, None)
+        st = self.storage.ledger(ledger_id)
+        conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
+                        ledger_id, entry_id, st.lac if st else -1, b"")])
 
     def forget_waiters(self, conn: BookieProtocol) -> None:
         """Drop a closed connection's long polls (and their timers) at once."""
