@@ -324,3 +324,38 @@ def test_write_pause_and_journal_backpressure_combine(tmp_path: Path) -> None:
         server.storage.close()
 
     uvloop.run(main())
+
+
+def test_many_long_polls_expiring_on_one_ledger_are_each_answered_once(tmp_path: Path) -> None:
+    """20,000 polls parked on one ledger expire, the later parked first (one in 50 woken by an
+    explicit LAC before):
+    each answered exactly once, nothing left parked. Expired
+    polls are only marked gone, so this is linear, not 20,000 scans of the ledger's polls;
+    the time it took is printed, not asserted."""
+    n = 20_000
+
+    async def main() -> None:
+        server, journal, syncer, conn, sock = shard(tmp_path, bounds=PeerBounds(max_long_polls_per_connection=n))
+        conn.data_received(adds(3, 0, 2, 10))  # entries 0, 1: LAC 0
+        await asyncio.sleep(0)
+        syncer.release_all()
+        # the later parked expire first (aux 300 ms down to 100 ms): a scan for each would be longest
+        polls = [encode_request(Op.READ_ENTRY, Flag.LONG_POLL, 1000 + i, 3, 2 + i % 50, INPROC_KEY,
+                                300 - 200 * i // n, b"") for i in range(n)]
+        t0 = time.perf_counter()
+        conn.data_received(b"".join(polls))
+        assert server.long_polls() == n
+        conn.data_received(encode_request(Op.WRITE_LAC, 0, 1, 3, 2, INPROC_KEY, 0, b""))  # wakes entry 2's
+        while server.long_polls():
+            await asyncio.sleep(0.005)
+        took = time.perf_counter() - t0
+        answers = [r for r in sock.responses() if r[0] == Op.READ_ENTRY]
+        print(f"\n{n} long polls on one ledger parked and answered in {took:.2f} s")
+        assert sorted(r[2] for r in answers) == [1000 + i for i in range(n)]
+        assert sum(r[1] == Status.NO_SUCH_ENTRY and r[4] == 2 for r in answers) == n // 50  # covered, not stored
+        assert not server._waiters
+        syncer.release_all()
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())

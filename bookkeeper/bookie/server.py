@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import hmac
+import itertools
 import logging
 import shutil
 import struct
@@ -136,7 +137,7 @@ class BookieProtocol(asyncio.Protocol):
         self.writing_paused = False  # the peer does not read its answers: see pause_writing
         self.held: deque[tuple[Any, ...]] = deque()  # requests received while writing_paused, answered on resume
         self._out_bytes = 0  # payload bytes of the answers in _out
-        self.long_polls = 0  # parked long polls of this connection
+        self.polls: dict[int, tuple[int, asyncio.TimerHandle]] = {}  # parked long polls: number -> (ledger, timer)
         self.last_request = time.monotonic()
         self._buffered = True  # the transport keeps what the peer has not taken (a socket's)
 
@@ -184,7 +185,7 @@ class BookieProtocol(asyncio.Protocol):
     def outstanding(self) -> bool:
         """Anything owed to or from the peer: parked polls, held requests, answers not yet
         durable or not yet taken by the peer."""
-        return bool(self.long_polls or self.held or self.pending or self.writing_paused
+        return bool(self.polls or self.held or self.pending or self.writing_paused
                     or (self._buffered and self.transport is not None and self.transport.get_write_buffer_size()))
 
     def data_received(self, data: bytes) -> None:
@@ -282,8 +283,13 @@ class ShardServer:
         self._add_latency = self.histograms["add_entry_latency_seconds"]
         self._read_latency = self.histograms["read_entry_latency_seconds"]
         self.now = 0.0  # arrival time of the receive buffer being dispatched (monotonic)
-        # ledger -> [(entry, conn, request_id, timer)]: long polls waiting for the LAC to cover entry
-        self._waiters: dict[int, list[tuple[int, BookieProtocol, int, asyncio.TimerHandle]]] = {}
+        # ledger -> [(entry, conn, request_id, number)]: long polls waiting for the LAC to cover entry.
+        # A poll that expires or whose connection closes is only marked gone (_gone, by number)
+        # and the list rebuilt once half of it is gone: finding it in the list would make 100,000
+        # polls expiring on one ledger cost 10^10 steps.
+        self._waiters: dict[int, list[tuple[int, BookieProtocol, int, int]]] = {}
+        self._gone: dict[int, set[int]] = {}
+        self._poll_numbers = itertools.count()
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
         self.add_path = AddPath(self, storage, max_frame_bytes, ENTRY_OVERHEAD_BYTES)
 
@@ -328,7 +334,7 @@ class ShardServer:
 
     def long_polls(self) -> int:
         """Long polls parked, over every connection."""
-        return sum(len(w) for w in self._waiters.values())
+        return sum(len(c.polls) for c in self.connections)
 
     # -- backpressure ------------------------------------------------------------
     def _over_bounds(self) -> bool:
@@ -519,7 +525,7 @@ class ShardServer:
             # Long poll: answer once this bookie's LAC covers the entry (an acknowledged
             # entry, never one that recovery might still drop), or when aux ms pass.
             fate = judge_long_poll(known=st is not None, covered=st is not None and st.lac >= entry_id,
-                                   parked=conn.long_polls, cap=self.bounds.max_long_polls_per_connection)
+                                   parked=len(conn.polls), cap=self.bounds.max_long_polls_per_connection)
             if fate is LongPoll.PARK:
                 self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
                 return None
@@ -582,41 +588,39 @@ class ShardServer:
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
         """Park a long poll. Its timer calls a bound method with plain arguments: a closure
         per poll (a function and five cells) was half of a parked poll's memory."""
-        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0, self._expire, conn, req_id,
+        number = next(self._poll_numbers)
+        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0, self._expire, conn, number, req_id,
                                                       ledger_id, entry_id)
-        self._waiters.setdefault(ledger_id, []).append((entry_id, conn, req_id, timer))
-        conn.long_polls += 1
+        self._waiters.setdefault(ledger_id, []).append((entry_id, conn, req_id, number))
+        conn.polls[number] = (ledger_id, timer)
 
-    def _expire(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int) -> None:
+    def _retire(self, ledger_id: int, number: int) -> None:
+        """Mark a parked poll gone; rebuild its ledger's list once half of it is gone."""
+        gone = self._gone.setdefault(ledger_id, set())
+        gone.add(number)
+        waiters = self._waiters.get(ledger_id, [])
+        if 2 * len(gone) >= len(waiters):
+            keep = [w for w in waiters if w[3] not in gone]
+            if keep:
+                self._waiters[ledger_id] = keep
+            else:
+                self._waiters.pop(ledger_id, None)
+            del self._gone[ledger_id]
+
+    def _expire(self, conn: BookieProtocol, number: int, req_id: int, ledger_id: int, entry_id: int) -> None:
         """A parked long poll's time ran out: the current state (its ledger may be gone by now)."""
-        mine = self._waiters.get(ledger_id, [])
-        for i, w in enumerate(mine):
-            if w[1] is conn and w[2] == req_id:
-                del mine[i]
-                conn.long_polls -= 1
-                break
-        if not mine:
-            self._waiters.pop(ledger_id, None)
+        conn.polls.pop(number, None)
+        self._retire(ledger_id, number)
         st = self.storage.ledger(ledger_id)
         conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
                         ledger_id, entry_id, st.lac if st else -1, b"")])
 
     def forget_waiters(self, conn: BookieProtocol) -> None:
         """Drop a closed connection's long polls (and their timers) at once."""
-        if not conn.long_polls:
-            return
-        conn.long_polls = 0
-        for ledger_id in list(self._waiters):
-            keep = []
-            for w in self._waiters[ledger_id]:
-                if w[1] is conn:
-                    w[3].cancel()
-                else:
-                    keep.append(w)
-            if keep:
-                self._waiters[ledger_id] = keep
-            else:
-                del self._waiters[ledger_id]
+        polls, conn.polls = conn.polls, {}
+        for number, (ledger_id, timer) in polls.items():
+            timer.cancel()
+            self._retire(ledger_id, number)
 
     def _covered(self, ledger_id: int, entry_id: int, lac: int, req_id: int) -> Response:
         """The answer to a long poll whose entry this shard's LAC covers: the entry if stored
@@ -648,13 +652,16 @@ class ShardServer:
         st = self.storage.ledger(ledger_id)
         if not waiters or st is None:
             return
+        gone = self._gone.pop(ledger_id, ())
         keep = []
-        for entry_id, conn, req_id, timer in waiters:
-            if entry_id > st.lac:
-                keep.append((entry_id, conn, req_id, timer))
+        for w in waiters:
+            entry_id, conn, req_id, number = w
+            if number in gone:
                 continue
-            timer.cancel()
-            conn.long_polls -= 1
+            if entry_id > st.lac:
+                keep.append(w)
+                continue
+            conn.polls.pop(number)[1].cancel()
             conn.send_now([self._covered(ledger_id, entry_id, st.lac, req_id)])
         if keep:
             self._waiters[ledger_id] = keep
