@@ -16,12 +16,14 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvloop
 
 from bookkeeper import BookKeeper, errors
-from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer
+from bookkeeper.client.core.tailing import (UNHELD_PAUSE_FIRST_S, UNHELD_PAUSE_MAX_S, PollAnswer, head_outcome,
+                                            judge_poll_answer, unheld_pause_s)
 from bookkeeper.proto import Flag, Op, Status, encode_request
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
@@ -32,18 +34,29 @@ pytestmark = pytest.mark.runtime(40)
 POLL_MS = 60_000  # the bookie's LONG_POLL_MAX_MS: an expiry cannot happen within BOUND_S
 BOUND_S = 30.0
 
-E, C, X, F = PollAnswer.ENTRY, PollAnswer.COVERED, PollAnswer.EXPIRED, PollAnswer.FAILED
+E, C, X, F, U = PollAnswer.ENTRY, PollAnswer.COVERED, PollAnswer.EXPIRED, PollAnswer.FAILED, PollAnswer.UNHELD
 
 
-@pytest.mark.parametrize("ok,absent,lac,expected", [
-    (True, False, 7, E), (True, False, 3, E),     # OK is an entry: bookies answer it only once covered
-    (False, True, 5, C), (False, True, 9, C),     # the LAC covers entry 5, this bookie does not store it
-    (False, True, 4, X), (False, True, -1, X),    # expired short of entry 5 (or an unknown ledger)
-    (False, False, 9, F), (False, False, -1, F),  # down, timed out, refused, a bad digest
+@pytest.mark.parametrize("ok,absent,unheld,lac,expected", [
+    (True, False, False, 7, E), (True, False, False, 3, E),  # OK is an entry: answered only once covered
+    (False, True, False, 5, C), (False, True, False, 9, C),  # the LAC covers entry 5, not stored here
+    (False, True, True, 9, C),                               # NO_SUCH_LEDGER with a covering LAC
+    (False, True, False, 4, X), (False, True, False, -1, X),  # expired short of entry 5
+    (False, True, True, -1, U),                              # no add reached this bookie yet
+    (False, False, False, 9, F), (False, False, False, -1, F),  # down, timed out, refused, a bad digest
 ])
-def test_one_poll_answer_is_judged_by_its_status_and_lac(ok: bool, absent: bool, lac: int,
+def test_one_poll_answer_is_judged_by_its_status_and_lac(ok: bool, absent: bool, unheld: bool, lac: int,
                                                          expected: PollAnswer) -> None:
-    assert judge_poll_answer(5, ok=ok, absent=absent, lac=lac) is expected
+    assert judge_poll_answer(5, ok=ok, absent=absent, lac=lac, unheld=unheld) is expected
+
+
+def test_the_pause_while_no_bookie_holds_the_ledger_doubles_to_its_cap() -> None:
+    pauses, last = [], 0.0
+    for _ in range(6):
+        last = unheld_pause_s(last)
+        pauses.append(last)
+    assert pauses[0] == UNHELD_PAUSE_FIRST_S and pauses[-1] == UNHELD_PAUSE_MAX_S
+    assert all(a < b or b == UNHELD_PAUSE_MAX_S for a, b in zip(pauses, pauses[1:]))
 
 
 @pytest.mark.parametrize("answers,asked,expected", [
@@ -53,6 +66,8 @@ def test_one_poll_answer_is_judged_by_its_status_and_lac(ok: bool, absent: bool,
     ([F, C, E], 3, C), ([E, C], 3, E),
     ([X, X, X], 3, X), ([F, X, F], 3, X),         # all in, nothing new: ask again
     ([F, F, F], 3, F), ([F], 1, F),               # every bookie failed: the error path
+    ([U, U, U], 3, U), ([U, F, U], 3, U),         # no bookie holds the ledger yet: pause, ask again
+    ([U, X, U], 3, X), ([U, U], 3, None),
 ])
 def test_a_head_wait_settles_on_the_first_covering_answer_or_when_all_are_in(
         answers: list[PollAnswer], asked: int, expected: PollAnswer | None) -> None:
@@ -199,3 +214,42 @@ def test_a_recovery_by_another_client_ends_a_parked_tail_at_the_recovered_end(cl
                 await lh.add_entry(b"late")
 
     run(main())
+
+
+def test_a_tailer_of_a_new_ledger_pauses_between_rounds_and_gets_its_first_entry(cluster5: LocalCluster) -> None:
+    """A ledger no add has reached: every bookie answers a long poll with NO_SUCH_LEDGER at once
+    (a peer must not park polls on ledgers nobody writes). The tailer pauses between rounds
+    (10 ms doubling to 100 ms) instead of asking again at once, and the first add reaches it.
+    The reader's long polls are counted where its client sends them: without the pause, one
+    tailer sent ~2,900 in 2 s (a round every ~2 ms)."""
+
+    async def main() -> tuple[int, float]:
+        async with await BookKeeper.connect(cluster5.metadata_uri) as wbk, \
+                await BookKeeper.connect(cluster5.metadata_uri) as rbk:
+            polls = [0]
+            send = rbk.pool.send
+
+            def counting_send(bookie: str, op: int, flags: int, *args: Any, **kwargs: Any) -> None:
+                polls[0] += op == Op.READ_ENTRY and bool(flags & Flag.LONG_POLL)
+                send(bookie, op, flags, *args, **kwargs)
+            rbk.pool.send = counting_send  # type: ignore[method-assign]
+            lh = await wbk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            rh = await rbk.open_ledger(lh.ledger_id, recovery=False)
+            agen = rh.tail(0)
+            first = asyncio.ensure_future(agen.__anext__())
+            await asyncio.sleep(2.0)
+            idle_polls = polls[0]
+            assert not first.done()
+            t0 = time.monotonic()
+            await lh.add_entry(b"first")
+            await lh.add_entry(b"second")  # carries LAC 0
+            entry = await asyncio.wait_for(first, BOUND_S)
+            lag = time.monotonic() - t0
+            await agen.aclose()
+            assert (entry.entry_id, entry.data) == (0, b"first")
+            return idle_polls, lag
+
+    idle_polls, lag = run(main())
+    print(f"long polls while the new ledger was empty for 2 s: {idle_polls}; first entry delivered "
+          f"{lag * 1000:.0f} ms after its add was sent")
+    assert 0 < idle_polls <= 3 * (2.0 / UNHELD_PAUSE_MAX_S + 8), idle_polls  # rounds of 3, pauses up to 100 ms

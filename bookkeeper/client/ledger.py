@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.core import AckSink, AddTracker, entry_missing, fence_covered, write_set
-from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer
+from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer, unheld_pause_s
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.errors import (
     BKError,
@@ -196,7 +196,8 @@ class _HeadWait:
                 data = self.h._digest.verify(resp[6], self.entry_id)[0]
             except DigestMismatchError as e:
                 err = e
-        answer = judge_poll_answer(self.entry_id, ok=err is None, absent=isinstance(err, _DENIALS), lac=lac)
+        answer = judge_poll_answer(self.entry_id, ok=err is None, absent=isinstance(err, _DENIALS), lac=lac,
+                                   unheld=isinstance(err, NoSuchLedgerError))
         if answer is PollAnswer.FAILED:
             self.error = err
             self.h._bk.health.penalize(bookie)
@@ -231,12 +232,14 @@ class _TailHead:
     seen too. kazoo fires every watch when its session is lost, so a lost session re-arms as
     well. A watch or an answer that comes after its tail ended finds nothing waiting."""
 
-    __slots__ = ("h", "armed", "waiting")
+    __slots__ = ("h", "armed", "waiting", "unheld_s", "resume")
 
     def __init__(self, handle: ReadHandle) -> None:
         self.h = handle
         self.armed = False
         self.waiting: _HeadWait | None = None
+        self.unheld_s = 0.0  # the last pause while no bookie held the ledger (0: none since an entry)
+        self.resume: asyncio.Future[None] | None = None  # set while pausing: the watch ends the pause
 
     async def arm(self) -> bool:
         """Set the watch unless it is set: True when the metadata is no longer the version the
@@ -268,10 +271,24 @@ class _TailHead:
         except RuntimeError:  # the loop is closed: nobody tails any more
             pass
 
+    async def pause(self) -> None:
+        """No bookie holds the ledger yet (no add has reached one; each answered at once):
+        wait before the next round (tailing.unheld_pause_s), or until the metadata changes."""
+        self.unheld_s = unheld_pause_s(self.unheld_s)
+        self.resume = self.h._loop.create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.resume), self.unheld_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self.resume = None
+
     def _changed(self) -> None:
         self.armed = False
         if self.waiting is not None:
             self.waiting.metadata_changed()
+        if self.resume is not None and not self.resume.done():
+            self.resume.set_result(None)
 
 
 class ReadHandle:
@@ -421,10 +438,14 @@ class ReadHandle:
         if outcome is None:  # the watch fired: read the metadata again (arm() does, next round)
             return None
         self._lac = max(self._lac, lac)
+        if outcome is not PollAnswer.UNHELD:
+            head.unheld_s = 0.0
         if outcome is PollAnswer.ENTRY:
             self._lac = max(self._lac, entry_id)
             return data
-        if outcome is PollAnswer.EXPIRED:  # idle: what a missed watch event would hide shows here
+        if outcome is PollAnswer.UNHELD:  # a new ledger no add has reached yet: pause, ask again
+            await head.pause()
+        elif outcome is PollAnswer.EXPIRED:  # idle: what a missed watch event would hide shows here
             await self._refresh()
         elif outcome is PollAnswer.FAILED:
             raise wait.error or BKError(f"every long poll of {self.ledger_id}:{entry_id} failed")

@@ -13,6 +13,11 @@ while entries flow the first replica answers within about two adds, and polling 
 them cost 27-37% of the adds/s of a W=1 writer beside a tailer (`bk bench cluster`: every
 extra request and answer wakes a shard and the client). A bookie answers once its LAC
 covers the entry, with the entry if it stores it (docs/protocol.md, READ_ENTRY).
+
+A bookie that holds nothing of the ledger yet (no add has reached it) answers at once with
+NO_SUCH_LEDGER rather than park the poll (a peer must not park polls on ledger ids nobody
+writes). While every bookie says so, a tailer waits between rounds (`unheld_pause_s`), or
+until the metadata watch fires, instead of asking again at once.
 """
 from __future__ import annotations
 
@@ -26,18 +31,24 @@ class PollAnswer(enum.Enum):
     ENTRY = "entry"      # OK: its LAC covers e and it sent e
     COVERED = "covered"  # its LAC covers e but it does not store e: read e from e's write set
     EXPIRED = "expired"  # the poll's time ran out with its LAC short of e
+    UNHELD = "unheld"    # NO_SUCH_LEDGER at once: the bookie holds nothing of the ledger yet
     FAILED = "failed"    # an error: the bookie is down, timed out, refused, or sent a bad copy
 
 
-def judge_poll_answer(entry_id: int, *, ok: bool, absent: bool, lac: int) -> PollAnswer:
-    """One answer, from its status and the LAC it carries.
+UNHELD_PAUSE_FIRST_S = 0.01
+UNHELD_PAUSE_MAX_S = 0.1  # a tailer of a new ledger sees its first entry at most this late
 
-    | ok  | absent (NO_SUCH_ENTRY or NO_SUCH_LEDGER) | lac >= entry_id | answer  |
-    |-----|------------------------------------------|-----------------|---------|
-    | yes | -                                        | -               | ENTRY   |
-    | no  | yes                                      | yes             | COVERED |
-    | no  | yes                                      | no              | EXPIRED |
-    | no  | no                                       | -               | FAILED  |
+
+def judge_poll_answer(entry_id: int, *, ok: bool, absent: bool, lac: int, unheld: bool = False) -> PollAnswer:
+    """One answer, from its status and the LAC it carries (unheld: the status is NO_SUCH_LEDGER).
+
+    | ok  | absent (NO_SUCH_ENTRY or NO_SUCH_LEDGER) | lac >= entry_id | unheld | answer  |
+    |-----|------------------------------------------|-----------------|--------|---------|
+    | yes | -                                        | -               | -      | ENTRY   |
+    | no  | yes                                      | yes             | -      | COVERED |
+    | no  | yes                                      | no              | no     | EXPIRED |
+    | no  | yes                                      | no              | yes    | UNHELD  |
+    | no  | no                                       | -               | -      | FAILED  |
 
     An OK answer is an entry whatever LAC it carries: a bookie answers a long poll with the
     entry only once its LAC covers it. The caller turns an OK answer whose digest fails into
@@ -46,7 +57,9 @@ def judge_poll_answer(entry_id: int, *, ok: bool, absent: bool, lac: int) -> Pol
     if ok:
         return PollAnswer.ENTRY
     if absent:
-        return PollAnswer.COVERED if lac >= entry_id else PollAnswer.EXPIRED
+        if lac >= entry_id:
+            return PollAnswer.COVERED
+        return PollAnswer.UNHELD if unheld else PollAnswer.EXPIRED
     return PollAnswer.FAILED
 
 
@@ -59,6 +72,7 @@ def head_outcome(answers: Sequence[PollAnswer], asked: int) -> PollAnswer | None
     | one is ENTRY or COVERED                   | the first of them             |
     | fewer than asked, none ENTRY or COVERED   | None: wait for the others     |
     | all in, at least one EXPIRED              | EXPIRED (nothing new: ask again) |
+    | all in, no EXPIRED, at least one UNHELD   | UNHELD (pause, then ask again) |
     | all in, every one FAILED                  | FAILED                        |
     """
     for answer in answers:
@@ -66,4 +80,13 @@ def head_outcome(answers: Sequence[PollAnswer], asked: int) -> PollAnswer | None
             return answer
     if len(answers) < asked:
         return None
-    return PollAnswer.EXPIRED if PollAnswer.EXPIRED in answers else PollAnswer.FAILED
+    for settled in (PollAnswer.EXPIRED, PollAnswer.UNHELD):
+        if settled in answers:
+            return settled
+    return PollAnswer.FAILED
+
+
+def unheld_pause_s(previous_s: float) -> float:
+    """The pause before the next round while no bookie holds the ledger: doubling from
+    UNHELD_PAUSE_FIRST_S up to UNHELD_PAUSE_MAX_S (previous_s 0: the first such round)."""
+    return min(UNHELD_PAUSE_MAX_S, previous_s * 2 or UNHELD_PAUSE_FIRST_S)
