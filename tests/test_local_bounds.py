@@ -13,6 +13,7 @@ import logging
 import os
 import pwd
 import socket
+import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,29 +29,32 @@ _NO_ANSWER = 3  # the child's exit code when the socket closed without a byte
 _ANSWERED = 4
 
 
+_PEER = f"""
+import socket, sys
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10.0)
+        s.connect(bytes.fromhex(sys.argv[1]).decode())  # an abstract name: it starts with a NUL
+        s.sendall(b'{{"op": "readonly", "on": false, "reason": ""}}\\n')
+        sys.exit({_NO_ANSWER} if s.recv(1 << 16) == b"" else {_ANSWERED})
+except (ConnectionResetError, BrokenPipeError):  # closed with the request unread
+    sys.exit({_NO_ANSWER})
+except OSError:
+    sys.exit(2)
+"""
+
+
+# The system's interpreter: another uid may not reach the venv's (under /root here).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 def _ask_as(uid: int, name: str) -> int:
-    """Fork a child that becomes `uid`, asks the control socket to make the shard writable, and
-    exits _NO_ANSWER if the socket closed (or reset) without answering; the parent waits and returns that."""
-    gid = pwd.getpwuid(uid).pw_gid
-    pid = os.fork()
-    if pid == 0:  # the child: nothing but system calls (this process has threads), then _exit
-        code = 1
-        try:
-            os.setgid(gid)
-            os.setuid(uid)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(10.0)
-                s.connect(name)
-                s.sendall(b'{"op": "readonly", "on": false, "reason": ""}\n')
-                code = _NO_ANSWER if s.recv(1 << 16) == b"" else _ANSWERED
-        except (ConnectionResetError, BrokenPipeError):  # closed with the request unread
-            code = _NO_ANSWER
-        except OSError:
-            code = 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    """A child process running as `uid` (subprocess sets the ids in the child, before it runs
+    anything: no fork of this threaded process in Python) asks the control socket to make the
+    shard writable; its exit code: _NO_ANSWER if the socket closed (or reset) unanswered."""
+    child = subprocess.run([SYSTEM_PYTHON, "-c", _PEER, name.encode().hex()], user=uid, group=pwd.getpwuid(uid).pw_gid,
+                           extra_groups=[], timeout=30, stdin=subprocess.DEVNULL, capture_output=True)
+    return child.returncode
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a peer as another uid")
