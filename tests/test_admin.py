@@ -33,6 +33,7 @@ from bookkeeper.bookie.state import MANUAL_REASON
 from bookkeeper.meta.underreplication import UnderReplicationManager
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster, free_port_block
+from bookkeeper.testing.waiting import wait_until
 from tests.conftest import run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,13 +178,6 @@ def test_one_forced_gc_at_a_time(watched: tuple[LocalBookie, int]) -> None:
     assert cli.stdout == "" and cli.stderr.count("\n") == 1
     assert cli.stderr.startswith(f"bk: bookie at 127.0.0.1:{port}: a forced GC pass is running since ")
     _wait_ready(port)
-
-
-def _wait_ready(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while get(port, "/api/v1/bookie/is_ready")[0] != 200:
-        assert time.monotonic() < deadline, get(port, "/api/v1/bookie/is_ready")
-        time.sleep(0.2)
 
 
 def _wait_registered_as(store: ZkMetadataStore, bookie_id: str, readonly: bool, timeout_s: float = 15) -> None:
@@ -347,16 +341,15 @@ def test_readonly_switch_moves_the_registration_and_survives_restarts(cluster: L
         store.close()
 
 
-def _wait_ready(port: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if get(port, "/api/v1/bookie/is_ready")[0] == 200:
-                return
-        except OSError:
-            pass  # not listening yet
-        assert time.monotonic() < deadline, "never ready"
-        time.sleep(0.1)
+def _is_ready(port: int) -> bool:
+    try:
+        return get(port, "/api/v1/bookie/is_ready")[0] == 200
+    except OSError:
+        return False  # not listening yet
+
+
+def _wait_ready(port: int) -> None:
+    wait_until("ready", lambda: _is_ready(port), every_s=0.1)
 
 
 def test_notify_socket_addresses() -> None:

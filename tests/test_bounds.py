@@ -25,6 +25,7 @@ from bookkeeper.bookie.server import LongPoll, PeerBounds, is_idle, judge_long_p
 from bookkeeper.config import BookieConfig, ConfigError
 from bookkeeper.proto import Flag, Op, Status, encode_request
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
+from bookkeeper.testing.waiting import wait_until
 from tests.conftest import run
 from tests.test_bad_input import connect, frame, read_response
 from tests.test_shard_inprocess import KEY as INPROC_KEY
@@ -55,10 +56,7 @@ def gauge(b: LocalBookie, name: str) -> int:
 
 
 def wait_for(what: str, ok: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not ok():
-        assert time.monotonic() < deadline, f"not within {DEADLINE_S} s: {what}"
-        time.sleep(0.02)
+    wait_until(what, ok, timeout_s=DEADLINE_S, every_s=0.02)
 
 
 def rss_bytes(pid: int) -> int:

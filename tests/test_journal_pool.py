@@ -31,6 +31,7 @@ from bookkeeper import BookKeeper
 from bookkeeper.bookie.state import MANUAL_REASON
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster, free_port_block
+from bookkeeper.testing.waiting import wait_until
 from tests.conftest import run
 
 MIB = 1 << 20
@@ -89,12 +90,9 @@ def released_metric(port: int) -> float:
                if s.name == "bookkeeper_journal_pool_released_bytes_total")
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 60.0) -> float:
+def wait_for(what: str, cond: Callable[[], bool]) -> float:
     """Until cond() holds; returns when (time.monotonic())."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_until(what, cond)
     return time.monotonic()
 
 
