@@ -182,11 +182,14 @@ class BookieProtocol(asyncio.Protocol):
                 and not self._refusing and not self.closed:
             self.transport.resume_reading()
 
+    def unread_bytes(self) -> int:
+        """Answers written to the transport that the peer has not taken yet."""
+        return self.transport.get_write_buffer_size() if self._buffered and self.transport is not None else 0
+
     def outstanding(self) -> bool:
         """Anything owed to or from the peer: parked polls, held requests, answers not yet
         durable or not yet taken by the peer."""
-        return bool(self.polls or self.held or self.pending or self.writing_paused
-                    or (self._buffered and self.transport is not None and self.transport.get_write_buffer_size()))
+        return bool(self.polls or self.held or self.pending or self.writing_paused or self.unread_bytes())
 
     def data_received(self, data: bytes) -> None:
         if self._refusing:
@@ -329,8 +332,7 @@ class ShardServer:
 
     def write_buffer_bytes(self) -> int:
         """Answers written but not yet taken by their peers, over every connection."""
-        return sum(c.transport.get_write_buffer_size() for c in self.connections
-                   if c._buffered and c.transport is not None)
+        return sum(c.unread_bytes() for c in self.connections)
 
     def long_polls(self) -> int:
         """Long polls parked, over every connection."""
