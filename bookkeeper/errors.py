@@ -84,6 +84,22 @@ class BookieUnavailableError(BKError):
     retriable = True
 
 
+class AuthenticationError(BKError):
+    """A peer could not be authenticated, or would not authenticate us: TLS refused (a plain
+    peer where TLS is required, an untrusted or expired certificate, a certificate naming
+    another bookie id) or the AUTH exchange failed (bad signature, expired token, unknown
+    plug-in). The message names the bookie, the plug-in or TLS, and the reason."""
+
+    code = 12
+
+
+class AuthorizationError(BKError):
+    """An authenticated principal lacks the role an operation needs; the message names the
+    principal and the missing role."""
+
+    code = 13
+
+
 class NotEnoughBookiesError(BKError):
     """Fewer writable bookies are registered than the ensemble needs."""
 
@@ -129,6 +145,14 @@ class ZooKeeperUnreachableError(MetadataServiceError):
     the session timeout (hung). The message names each host:port and why (meta/zk_connect.py)."""
 
     code = 48
+
+
+class MetadataAuthError(BKError):
+    """ZooKeeper refused the metadata operation for want of credentials (none, or wrong ones:
+    NoAuth, AuthFailed); the message says which and for which path. Not retriable: the same
+    credentials fail the same way."""
+
+    code = 49
 
 
 class LedgerExistsError(BKError):
@@ -203,7 +227,7 @@ _BY_STATUS: dict[int, type[BKError]] = {
     cls.code: cls
     for cls in (NoSuchLedgerError, NoSuchEntryError, LedgerFencedError, UnauthorizedError,
                 ProtocolError, TooLargeError, UnknownOpError, BookieReadOnlyError,
-                BookieServerError, TimeoutError)
+                BookieServerError, TimeoutError, AuthenticationError, AuthorizationError)
 }
 
 
