@@ -118,8 +118,22 @@ class BookieConfig:
     write_buffer_high_bytes: int = 4 * 1024 * 1024
     max_long_polls_per_connection: int = 1_000
     idle_timeout_s: float = 600.0
-    tls_enabled: bool = False
+    # Trust (docs/security.md): TLS by START_TLS, the AUTH exchange, authorization, ZooKeeper
+    # credentials. Files are re-read every tls_reload_interval_s when they change.
+    tls: str = "off"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: bool = False
+    tls_reload_interval_s: float = 60.0
     auth_provider: str = ""
+    auth_token_keys_file: str = ""
+    auth_token: str = ""
+    authz_file: str = ""
+    auth_timeout_s: float = 10.0
+    max_unauthenticated_connections: int = 1_000
+    zk_auth: str = ""
+    password_seal_key_file: str = ""
 
     def validate(self) -> BookieConfig:
         """Raise ConfigError naming the first invalid key; return self for chaining."""
@@ -169,10 +183,18 @@ class BookieConfig:
             raise ConfigError(f"write_buffer_high_bytes must be >= 65536, got {self.write_buffer_high_bytes}")
         if self.idle_timeout_s < 0:
             raise ConfigError(f"idle_timeout_s must be >= 0 (0: off), got {self.idle_timeout_s}")
-        if self.tls_enabled:
-            raise ConfigError("tls_enabled: TLS is not supported yet")
-        if self.auth_provider:
-            raise ConfigError("auth_provider: authentication plugins are not supported yet")
+        validate_trust(self)
+        if self.auth_timeout_s <= 0:
+            raise ConfigError(f"auth_timeout_s must be > 0, got {self.auth_timeout_s}")
+        if self.max_unauthenticated_connections < 1:
+            raise ConfigError(f"max_unauthenticated_connections must be >= 1, got "
+                              f"{self.max_unauthenticated_connections}")
+        if self.auth_provider == "token" and not self.auth_token_keys_file:
+            raise ConfigError("auth_provider = 'token' needs auth_token_keys_file (the keys tokens are signed with)")
+        if self.tls_client_auth and not self.tls_ca_file:
+            raise ConfigError("tls_client_auth = true needs tls_ca_file (the CA client certificates are checked against)")
+        if self.tls != "off" and not (self.tls_cert_file and self.tls_key_file):
+            raise ConfigError(f"tls = {self.tls!r} needs tls_cert_file and tls_key_file (the bookie's certificate)")
         return self
 
     @property
@@ -210,6 +232,8 @@ class BookieConfig:
         values: dict[str, Any] = {}
         for key, value in raw.items():
             name = ALIASES.get(key, key)
+            if name in _REPLACED:
+                raise ConfigError(_REPLACED[name])
             if name not in names:
                 raise ConfigError(f"unknown config key {key!r}")
             if key == "journalDirectories" and isinstance(value, list) and len(value) == 1:
@@ -241,6 +265,35 @@ class BookieConfig:
                 raw[key[3:].lower()] = value
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(raw)
+
+
+# Keys that once existed, with what replaced them (a clear error rather than "unknown key").
+_REPLACED: dict[str, str] = {
+    "tls_enabled": "config key 'tls_enabled' was replaced by tls = \"off\" | \"optional\" | \"require\"",
+}
+
+TLS_MODES = ("off", "optional", "require")
+
+
+def validate_trust(cfg: Any) -> None:
+    """The trust keys a bookie and a client share (BookieConfig, ClientConfig): raise ConfigError
+    naming the first bad one. Files are checked for existence here, their contents when loaded."""
+    if cfg.tls not in TLS_MODES:
+        raise ConfigError(f"tls must be one of {', '.join(TLS_MODES)}, got {cfg.tls!r}")
+    if cfg.tls_reload_interval_s <= 0:
+        raise ConfigError(f"tls_reload_interval_s must be > 0, got {cfg.tls_reload_interval_s}")
+    if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
+        raise ConfigError("tls_cert_file and tls_key_file go together: give both or neither")
+    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        path = getattr(cfg, name)
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{name}: no such file {path!r}")
+    if cfg.auth_provider and cfg.auth_provider not in ("mtls", "token") and "." not in cfg.auth_provider:
+        raise ConfigError(f"auth_provider must be 'mtls', 'token' or a class path package.module:Class, "
+                          f"got {cfg.auth_provider!r}")
+    if cfg.zk_auth and not (cfg.zk_auth == "sasl" or cfg.zk_auth.startswith("digest:")
+                            and cfg.zk_auth.count(":") >= 2):
+        raise ConfigError("zk_auth must be 'digest:USER:PASSWORD' or 'sasl'")
 
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bookkeeper.config import validate_trust
 from bookkeeper.errors import ConfigError
 
 
@@ -28,6 +29,15 @@ class ClientConfig:
     zk_session_timeout_ms: int = 10_000
     zk_connect_timeout_s: float = 2.0       # per ZooKeeper address: a TCP connect not answered in time
                                             # fails (a refused one fails at once), see meta/zk_connect.py
+    # Trust (docs/security.md): the bookies' TLS and AUTH exchange, ZooKeeper credentials.
+    tls: str = "off"                        # off | optional | require
+    tls_cert_file: str = ""                 # this client's certificate (mTLS), with tls_key_file
+    tls_key_file: str = ""
+    tls_ca_file: str = ""                   # the CA bookie certificates are checked against
+    tls_reload_interval_s: float = 60.0     # changed files are picked up without reconnecting
+    auth_provider: str = ""                 # mtls | token | package.module:Class
+    auth_token: str = ""                    # the token itself, or file:/path (re-read at each exchange)
+    zk_auth: str = ""                       # digest:USER:PASSWORD | sasl
 
     def validate(self) -> ClientConfig:
         for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s",
@@ -44,4 +54,11 @@ class ClientConfig:
             raise ConfigError("long_poll_timeout_ms must be >= 1")
         if self.placement not in ("rack_aware", "random"):
             raise ConfigError(f"placement must be 'rack_aware' or 'random', got {self.placement!r}")
+        validate_trust(self)
+        if self.tls != "off" and not self.tls_ca_file:
+            raise ConfigError(f"tls = {self.tls!r} needs tls_ca_file (the CA bookie certificates are checked against)")
+        if self.auth_provider == "token" and not self.auth_token:
+            raise ConfigError("auth_provider = 'token' needs auth_token (the token, or file:/path)")
+        if self.auth_provider == "mtls" and not self.tls_cert_file:
+            raise ConfigError("auth_provider = 'mtls' needs tls_cert_file and tls_key_file (this client's certificate)")
         return self
