@@ -137,8 +137,9 @@ class BookieConfig:
 
     def validate(self) -> BookieConfig:
         """Raise ConfigError naming the first invalid key; return self for chaining."""
-        if not self.metadata_uri.startswith("zk://"):
-            raise ConfigError(f"metadata_uri must look like zk://host:port/ledgers, got {self.metadata_uri!r}")
+        if not self.metadata_uri.startswith(("zk://", "zk+tls://")):
+            raise ConfigError(f"metadata_uri must look like zk://host:port/ledgers (zk+tls:// for ZooKeeper's "
+                              f"TLS port), got {self.metadata_uri!r}")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
         if self.shards < 1:
