@@ -38,6 +38,8 @@ class Op(enum.IntEnum):
     READ_LAC = 3
     GET_BOOKIE_INFO = 4
     WRITE_LAC = 5      # an idle writer's LAC (entry_id), advisory: kept in memory, never journaled
+    START_TLS = 6      # the client's first frame when it wants TLS: answered OK, then the TLS handshake
+    AUTH = 7           # one round of an authentication exchange (payload: u8 n, plug-in name, plug-in payload)
 
 
 class Flag(enum.IntFlag):
@@ -61,6 +63,8 @@ class Status(enum.IntEnum):
     READ_ONLY = 8
     SERVER_ERROR = 9
     TIMEOUT = 10
+    AUTHENTICATION = 12  # not (or no longer) authenticated; the payload says why (UTF-8)
+    FORBIDDEN = 13       # the principal lacks the op's role; the payload names both (UTF-8)
 
 
 def shard_for_ledger(ledger_id: int, shards: int) -> int:
