@@ -40,6 +40,18 @@ def metadata_uri(args: argparse.Namespace) -> str:
     return uri
 
 
+# The client settings `bk` takes from the environment (BK_<KEY>, like BK_METADATA_URI): the
+# trust settings, which a shell on a secured cluster sets once for every command.
+CLIENT_ENV_KEYS = ("tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "auth_provider", "auth_token", "zk_auth")
+
+
+def client_settings(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`BookKeeper.connect` keywords from BK_TLS, BK_TLS_CA_FILE, BK_TLS_CERT_FILE, BK_TLS_KEY_FILE,
+    BK_AUTH_PROVIDER, BK_AUTH_TOKEN and BK_ZK_AUTH (unset ones keep the client's defaults)."""
+    env = os.environ if env is None else env
+    return {k: env[f"BK_{k.upper()}"] for k in CLIENT_ENV_KEYS if env.get(f"BK_{k.upper()}")}
+
+
 def error_line(message: str) -> None:
     """One plain line on stderr: no wrapping, no markup (the text may quote user input)."""
     print(" ".join(message.split()), file=sys.stderr)

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bookkeeper import extras
-from bookkeeper.cli.common import UsageError, cli_table, err, error_line, metadata_uri, out
+from bookkeeper.cli.common import UsageError, cli_table, client_settings, err, error_line, metadata_uri, out
 from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.errors import BKError
 
@@ -39,7 +39,7 @@ def _with_client(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[argpa
         from bookkeeper import BookKeeper
 
         async def main() -> int:
-            async with await BookKeeper.connect(metadata_uri(args)) as bk:
+            async with await BookKeeper.connect(metadata_uri(args), **client_settings()) as bk:
                 return await fn(bk, args)
         return uvloop.run(main())
     return run

@@ -23,7 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from bookkeeper.cli.common import UsageError, cli_table, metadata_uri, out
+from bookkeeper.cli.common import UsageError, cli_table, client_settings, metadata_uri, out
 from bookkeeper.stream import Namespace, Position
 
 WRITE_CHUNK = 1000  # stdin lines per write_batch
@@ -53,7 +53,7 @@ def _with_namespace(fn: Callable[..., Coroutine[Any, Any, int]]) -> Callable[[ar
         import uvloop
 
         async def main() -> int:
-            async with await Namespace.connect(metadata_uri(args), args.namespace) as ns:
+            async with await Namespace.connect(metadata_uri(args), args.namespace, **client_settings()) as ns:
                 return await fn(ns, args)
         try:
             return uvloop.run(main())
