@@ -20,6 +20,9 @@ from bookkeeper._ext.frame cimport (REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCO
                                    frame_error, put_request, response_tuple)
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.pyport cimport PY_SSIZE_T_MAX
+
+import os
 
 
 PROTOCOL_VERSION = 1
@@ -39,10 +42,22 @@ class FrameError(ValueError):
     frames: list = []
 
 
+# TEST ONLY, never a configuration key: BK_FUZZ_NO_LENGTH_CHECK=1 in the environment of a
+# process that imports this module turns off the frame-length checks of parse_requests and
+# parse_responses (a frame shorter than its header or over max_frame is taken as it declares
+# itself). tests/fuzz uses it to prove that its frame-decoder targets find the over-read
+# that follows: a harness that cannot fail proves nothing. Read once, at import.
+cdef bint _NO_LENGTH_CHECK = os.environ.get("BK_FUZZ_NO_LENGTH_CHECK") == "1"
+LENGTH_CHECK = not _NO_LENGTH_CHECK
+
+
 cdef Py_ssize_t _frame_len(const uint8_t* p, Py_ssize_t avail, Py_ssize_t min_len,
                            Py_ssize_t max_frame) except -2:
     """Length of the whole frame at p, -1 if incomplete; raises FrameError if never valid."""
-    cdef Py_ssize_t flen = frame_len(p, avail, min_len, max_frame)
+    cdef Py_ssize_t flen
+    if _NO_LENGTH_CHECK:
+        min_len, max_frame = 5, PY_SSIZE_T_MAX
+    flen = frame_len(p, avail, min_len, max_frame)
     if flen < FRAME_INCOMPLETE:
         raise FrameError(frame_error(flen, p, min_len, max_frame))
     return flen
