@@ -22,6 +22,7 @@ import uvloop
 from bookkeeper import BookKeeper, DigestType
 from bookkeeper.bookie import control
 from bookkeeper.bookie.server import LongPoll, PeerBounds, is_idle, judge_long_poll
+from bookkeeper.client.digest import DigestManager, master_key
 from bookkeeper.config import BookieConfig, ConfigError
 from bookkeeper.proto import Flag, Op, Status, encode_request
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
@@ -357,3 +358,34 @@ def test_many_long_polls_expiring_on_one_ledger_are_each_answered_once(tmp_path:
         server.storage.close()
 
     uvloop.run(main())
+
+
+def test_100k_parked_long_polls_cost_at_most_64_mib(cluster: LocalCluster) -> None:
+    """100,000 long polls parked on one shard (100 raw connections x 1,000) grow its RSS by at
+    most 64 MiB: one shared deadline heap per shard, no timer per poll. Closing the connections
+    drops them all. Both figures are printed."""
+    conns, per_conn, ledger_id = 100, 1_000, 1
+    b = cluster.add_bookie(max_long_polls_per_connection=per_conn, idle_timeout_s=0, max_connections=1_000)
+    try:
+        dm = DigestManager(ledger_id, DigestType.CRC32C, PASSWORD)
+        with connect(b.port) as s:  # the ledger exists on this shard: polls park
+            s.sendall(frame(Op.ADD_ENTRY, ledger_id, 0, key=master_key(PASSWORD), payload=dm.encode(0, -1, 1, b"x")))
+            assert read_response(s).status == Status.OK
+        pid = b.shard_pids()[0]
+        base = rss_bytes(pid)
+        socks = [connect(b.port) for _ in range(conns)]
+        try:
+            for s in socks:
+                s.sendall(b"".join(frame(Op.READ_ENTRY, ledger_id, 5, flags=Flag.LONG_POLL, request_id=i + 1,
+                                         aux=60_000) for i in range(per_conn)))
+            wait_for("every poll parked", lambda: gauge(b, "long_polls") == conns * per_conn)
+            grown = rss_bytes(pid) - base
+            print(f"\n{conns * per_conn} parked long polls: shard RSS +{grown / 2**20:.1f} MiB")
+            assert grown <= 64 * 2**20
+        finally:
+            for s in socks:
+                s.close()
+        wait_for("closed connections' polls dropped", lambda: gauge(b, "long_polls") == 0)
+    finally:
+        b.stop()
+

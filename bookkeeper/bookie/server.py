@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
 import hmac
 import itertools
 import logging
+import math
 import shutil
 import struct
 import time
@@ -59,6 +61,7 @@ from bookkeeper.proto import (
 log = logging.getLogger(__name__)
 
 Response = tuple[int, int, int, int, int, int, bytes]
+Poll = tuple[int, "BookieProtocol", int, int, int]  # entry, conn, request_id, number, ledger
 # Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
 _WRITE_LAC = int(Op.WRITE_LAC)
@@ -68,6 +71,8 @@ _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
 _NO_REPLY = (None, None, 0.0)
 BOOKIE_INFO = struct.Struct(">QQHH")
 LONG_POLL_MAX_MS = 60_000
+POLL_TICK_S = 0.01  # parked long polls expire in buckets this wide (at most this late)
+NEVER = 2**62
 REFUSAL_LOG_INTERVAL_S = 10.0  # a flood of refused connections logs one line per interval
 
 
@@ -137,7 +142,7 @@ class BookieProtocol(asyncio.Protocol):
         self.writing_paused = False  # the peer does not read its answers: see pause_writing
         self.held: deque[tuple[Any, ...]] = deque()  # requests received while writing_paused, answered on resume
         self._out_bytes = 0  # payload bytes of the answers in _out
-        self.polls: dict[int, tuple[int, asyncio.TimerHandle]] = {}  # parked long polls: number -> (ledger, timer)
+        self.polls: dict[int, int] = {}  # parked long polls: number -> ledger
         self.last_request = time.monotonic()
         self._buffered = True  # the transport keeps what the peer has not taken (a socket's)
 
@@ -286,11 +291,20 @@ class ShardServer:
         self._add_latency = self.histograms["add_entry_latency_seconds"]
         self._read_latency = self.histograms["read_entry_latency_seconds"]
         self.now = 0.0  # arrival time of the receive buffer being dispatched (monotonic)
-        # ledger -> [(entry, conn, request_id, number)]: long polls waiting for the LAC to cover entry.
+        # ledger -> [poll]: long polls waiting for the LAC to cover their entry; a poll is one
+        # tuple (entry, conn, request_id, number, ledger), also in the bucket of its deadline
+        # (_buckets: tick -> polls; _ticks: a heap of the buckets' ticks, swept by one timer).
         # A poll that expires or whose connection closes is only marked gone (_gone, by number)
-        # and the list rebuilt once half of it is gone: finding it in the list would make 100,000
-        # polls expiring on one ledger cost 10^10 steps.
-        self._waiters: dict[int, list[tuple[int, BookieProtocol, int, int]]] = {}
+        # and the list rebuilt once half of it is gone: finding it in the list would make
+        # 100,000 polls expiring on one ledger cost 10^10 steps. A poll is live while its
+        # number is in its connection's polls.
+        self._waiters: dict[int, list[Poll]] = {}
+        self._buckets: dict[int, list[Poll]] = {}
+        self._ticks: list[int] = []
+        self._parked = 0  # live polls
+        self._dead_polls = 0  # polls in _buckets no longer live
+        self._expiry: asyncio.TimerHandle | None = None
+        self._sweep_tick = NEVER  # the tick _expiry fires at
         self._gone: dict[int, set[int]] = {}
         self._poll_numbers = itertools.count()
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
@@ -336,7 +350,7 @@ class ShardServer:
 
     def long_polls(self) -> int:
         """Long polls parked, over every connection."""
-        return sum(len(c.polls) for c in self.connections)
+        return self._parked
 
     # -- backpressure ------------------------------------------------------------
     def _over_bounds(self) -> bool:
@@ -588,13 +602,30 @@ class ShardServer:
 
     # -- long poll -------------------------------------------------------------
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
-        """Park a long poll. Its timer calls a bound method with plain arguments: a closure
-        per poll (a function and five cells) was half of a parked poll's memory."""
-        number = next(self._poll_numbers)
-        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0, self._expire, conn, number, req_id,
-                                                      ledger_id, entry_id)
-        self._waiters.setdefault(ledger_id, []).append((entry_id, conn, req_id, number))
-        conn.polls[number] = (ledger_id, timer)
+        """Park a long poll: one tuple, in its ledger's waiters and in its deadline's bucket.
+
+        Why no timer per poll: an asyncio TimerHandle (its callback, its arguments tuple,
+        its place in the loop's heap) was most of a parked poll's 0.9 KiB. Deadlines are
+        bucketed by POLL_TICK_S, the buckets' keys kept in a heap, and one timer answers
+        the due buckets (docs/protocol.md, Bounds)."""
+        tick = math.ceil((asyncio.get_running_loop().time() + timeout_ms / 1000.0) / POLL_TICK_S)
+        poll = (entry_id, conn, req_id, next(self._poll_numbers), ledger_id)
+        bucket = self._buckets.get(tick)
+        if bucket is None:
+            bucket = self._buckets[tick] = []
+            heapq.heappush(self._ticks, tick)
+            if tick < self._sweep_tick:
+                self._schedule_expiry(tick)
+        bucket.append(poll)
+        self._parked += 1
+        self._waiters.setdefault(ledger_id, []).append(poll)
+        conn.polls[poll[3]] = ledger_id
+
+    def _schedule_expiry(self, tick: int) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._sweep_tick = tick
+        self._expiry = asyncio.get_running_loop().call_at(tick * POLL_TICK_S, self._expire_due)
 
     def _retire(self, ledger_id: int, number: int) -> None:
         """Mark a parked poll gone; rebuild its ledger's list once half of it is gone."""
@@ -609,20 +640,42 @@ class ShardServer:
                 self._waiters.pop(ledger_id, None)
             del self._gone[ledger_id]
 
-    def _expire(self, conn: BookieProtocol, number: int, req_id: int, ledger_id: int, entry_id: int) -> None:
-        """A parked long poll's time ran out: the current state (its ledger may be gone by now)."""
-        conn.polls.pop(number, None)
-        self._retire(ledger_id, number)
-        st = self.storage.ledger(ledger_id)
-        conn.send_now([(Op.READ_ENTRY, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
-                        ledger_id, entry_id, st.lac if st else -1, b"")])
+    def _expire_due(self) -> None:
+        """Answer every parked poll whose time ran out with the current state (its ledger
+        may be gone by now); polls answered or dropped since they parked are skipped."""
+        self._expiry, self._sweep_tick = None, NEVER
+        ticks, now = self._ticks, asyncio.get_running_loop().time()
+        while ticks and ticks[0] * POLL_TICK_S <= now:
+            for entry_id, conn, req_id, number, ledger_id in self._buckets.pop(heapq.heappop(ticks)):
+                if conn.polls.pop(number, None) is None:
+                    self._dead_polls -= 1
+                    continue
+                self._parked -= 1
+                self._retire(ledger_id, number)
+                st = self.storage.ledger(ledger_id)
+                conn.send_now([(_READ, Status.NO_SUCH_ENTRY if st else Status.NO_SUCH_LEDGER, req_id,
+                                ledger_id, entry_id, st.lac if st else -1, b"")])
+        if ticks:
+            self._schedule_expiry(ticks[0])
+
+    def _poll_gone(self, n: int) -> None:
+        """n live polls left before their deadline (answered, or their connection
+        closed); the buckets are rebuilt once half of what they hold is such leftovers, so a
+        peer that parks, closes and reconnects cannot grow them for the polls' whole time."""
+        self._parked -= n
+        self._dead_polls += n
+        if self._dead_polls > self.long_polls():
+            for tick, bucket in self._buckets.items():
+                self._buckets[tick] = [p for p in bucket if p[3] in p[1].polls]
+            self._dead_polls = 0
 
     def forget_waiters(self, conn: BookieProtocol) -> None:
-        """Drop a closed connection's long polls (and their timers) at once."""
+        """Drop a closed connection's long polls at once."""
         polls, conn.polls = conn.polls, {}
-        for number, (ledger_id, timer) in polls.items():
-            timer.cancel()
+        for number, ledger_id in polls.items():
             self._retire(ledger_id, number)
+        if polls:
+            self._poll_gone(len(polls))
 
     def _covered(self, ledger_id: int, entry_id: int, lac: int, req_id: int) -> Response:
         """The answer to a long poll whose entry this shard's LAC covers: the entry if stored
@@ -656,16 +709,20 @@ class ShardServer:
             return
         gone = self._gone.pop(ledger_id, ())
         keep = []
+        answered = 0
         for w in waiters:
-            entry_id, conn, req_id, number = w
+            entry_id, conn, req_id, number, _ledger = w
             if number in gone:
                 continue
             if entry_id > st.lac:
                 keep.append(w)
                 continue
-            conn.polls.pop(number)[1].cancel()
+            del conn.polls[number]
+            answered += 1
             conn.send_now([self._covered(ledger_id, entry_id, st.lac, req_id)])
         if keep:
             self._waiters[ledger_id] = keep
         else:
             del self._waiters[ledger_id]
+        if answered:
+            self._poll_gone(answered)
