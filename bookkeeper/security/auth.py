@@ -17,6 +17,7 @@ Built-ins:
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,15 +195,28 @@ def _import_class(spec: str, setting: str) -> Any:
     return cls
 
 
-def _instantiate(spec: str, setting: str, protocol: type) -> Any:
+def _positional_params(fn: Any) -> int | None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _instantiate(spec: str, setting: str, protocol: type, new_session_args: int) -> Any:
+    """Build the class `spec` names and check it has the protocol's shape: a `name` and a
+    `new_session` taking (peercert) on the bookie, nothing on the client (which catches a
+    client class configured on a bookie and the reverse)."""
     cls = _import_class(spec, setting)
     try:
         provider = cls()
     except Exception as e:
         raise ConfigError(f"{setting} {spec!r}: {_qualname(cls)}() failed: {type(e).__name__}: {e}") from None
-    if not isinstance(provider, protocol):
+    if (not isinstance(provider, protocol)
+            or _positional_params(getattr(provider, "new_session")) not in (new_session_args, None)):
+        shape = "new_session(peercert)" if new_session_args else "new_session()"
         raise ConfigError(f"{setting} {spec!r}: {_qualname(cls)} lacks the {protocol.__name__} shape "
-                          f"(a name and new_session)")
+                          f"(a name and {shape})")
     return provider
 
 
@@ -218,7 +232,7 @@ def load_server_provider(spec: str, *, keys_file: str | None, reload_interval_s:
         if not keys_file:
             raise ConfigError("auth_provider = token needs auth_token_keys_file")
         return TokenServerProvider(TokenKeys(keys_file, reload_interval_s))
-    return cast(ServerAuthProvider, _instantiate(spec, "auth_provider", ServerAuthProvider))
+    return cast(ServerAuthProvider, _instantiate(spec, "auth_provider", ServerAuthProvider, 1))
 
 
 def load_client_provider(spec: str, *, token: str | None) -> ClientAuthProvider:
@@ -229,4 +243,4 @@ def load_client_provider(spec: str, *, token: str | None) -> ClientAuthProvider:
         if not token:
             raise ConfigError("auth_provider = token needs auth_token (the token or file:/path)")
         return TokenClientProvider(token_from_setting(token))
-    return cast(ClientAuthProvider, _instantiate(spec, "auth_provider", ClientAuthProvider))
+    return cast(ClientAuthProvider, _instantiate(spec, "auth_provider", ClientAuthProvider, 0))

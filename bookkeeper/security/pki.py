@@ -74,15 +74,20 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurve
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Signatures (ECDSA handshakes) for every certificate; signing certificates for a CA only."""
+    return x509.KeyUsage(digital_signature=True, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
+                         key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                         decipher_only=False)
+
+
 def make_ca(dir: str, *, common_name: str, days: float = CA_DAYS) -> tuple[str, str]:  # noqa: A002 - the agreed name
     """A new CA in `dir`: (`dir/ca.pem`, `dir/ca-key.pem`)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = _name(common_name)
     cert = (_builder(name, name, key.public_key(), days)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(_key_usage(ca=True), critical=True)
             .sign(key, hashes.SHA256()))
     return _save(cert, key, dir, "ca")
 
@@ -122,9 +127,7 @@ def _issue_leaf(ca_cert: str, ca_key: str, out_dir: str, stem: str, *, common_na
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (_builder(_name(common_name), issuer_cert.subject, key.public_key(), days)
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                            content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                            key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+               .add_extension(_key_usage(ca=False), critical=True)
                .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
                               critical=False))

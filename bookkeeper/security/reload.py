@@ -38,7 +38,7 @@ def signature(paths: Sequence[str]) -> Signature:
 
 
 def should_check(*, now: float, last_check: float, interval_s: float) -> bool:
-    """True when `interval_s` has passed since the last stat (the first call always checks)."""
+    """True when `interval_s` has passed since the last stat (or the first load)."""
     return now - last_check >= interval_s
 
 

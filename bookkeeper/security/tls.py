@@ -213,14 +213,17 @@ def describe_tls_failure(exc: BaseException, *, peer: str) -> str:
         message = exc.verify_message or str(exc)
         if message in _UNTRUSTED:
             return f"{peer}'s certificate is not signed by a trusted CA (tls_ca_file): {message}"
+        if message == "unsuitable certificate purpose":
+            return f"{peer}'s certificate is not for this use (a client certificate where a server's is needed?)"
         return f"{peer}'s certificate was refused: {message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason in _REASONS:
-        return _REASONS[exc.reason]
+    reason = getattr(exc, "reason", None)
+    if isinstance(exc, ssl.SSLError) and reason in _REASONS:
+        return _REASONS[reason]
     if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, BrokenPipeError, EOFError)):
         return "the peer closed the connection during the handshake"
     if isinstance(exc, (TimeoutError, ssl.SSLWantReadError)):
         return "the handshake timed out"
     if isinstance(exc, ssl.SSLError):
-        return f"TLS error {exc.reason or exc}"
+        return f"TLS error {reason or exc}"
     return f"{type(exc).__name__}: {exc}"
 
