@@ -18,7 +18,7 @@ from kazoo.exceptions import KazooException, ZookeeperError
 
 from bookkeeper import metrics
 from bookkeeper._ext.client import LatencyHistogram
-from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth
+from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth, ClientTrust
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
@@ -36,11 +36,16 @@ class BookKeeper:
     """Client of one BookKeeper cluster (asyncio). Create with `await BookKeeper.connect(uri)`."""
 
     def __init__(self, store: ZkMetadataStore, config: ClientConfig | None = None, *,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, trust: ClientTrust | None = None) -> None:
+        """trust: how bookie connections are secured; by default what the config's trust keys
+        say (tls, tls_*_file, auth_provider, auth_token)."""
         self.store = store
         self.config = (config or ClientConfig()).validate()
+        # A refused certificate or AUTH exchange is an error of the requests that met it, like
+        # any other: not a slow bookie (health penalizes it for slow_bookie_penalty_s at most).
         self.pool = BookieClientPool(self._resolve, timeout_s=max(self.config.add_timeout_s,
-                                                                  self.config.read_timeout_s))
+                                                                  self.config.read_timeout_s),
+                                     trust=trust or ClientTrust.from_config(self.config))
         self.health = BookieHealth(self.config.slow_bookie_penalty_s)
         self.quarantine = BookieHealth(self.config.bookie_quarantine_s)
         # What bookkeeper.metrics reports: counters by name, and the latencies of acknowledged
@@ -66,11 +71,12 @@ class BookKeeper:
         Keyword arguments are ClientConfig fields (add_timeout_s, speculative_read_timeout_ms, ...).
         """
         cfg = ClientConfig(**config).validate()
+        trust = ClientTrust.from_config(cfg)  # bad certificate files or plug-ins fail before ZooKeeper is asked
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
             None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms,
                                     connect_timeout_s=cfg.zk_connect_timeout_s, create=False))
-        bk = cls(store, cfg, seed=seed)
+        bk = cls(store, cfg, seed=seed, trust=trust)
         await bk.refresh_bookies()
         return bk
 

@@ -16,14 +16,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from bookkeeper.procs import module_command
+from bookkeeper.security.tokens import generate_keys_file, mint_token, read_keys_file
 from bookkeeper.testing.zookeeper import ZooKeeperServer, port_in_use
+
+if TYPE_CHECKING:
+    from bookkeeper.testing.pki import TestPKI
 
 BOOKIE_START_TIMEOUT_S = 60.0
 # bookie id -> (registration data, id of the ZooKeeper session owning its ephemeral znode)
@@ -93,21 +97,29 @@ def free_port_block(count: int = 1) -> int:
 
 
 class LocalBookie:
-    """One bookie process (`bk bookie --conf`) of a LocalCluster."""
+    """One bookie process (`bk bookie --conf`) of a LocalCluster.
+
+    With a `pki`, the bookie gets a certificate naming its own bookie id (its port is chosen
+    here, before it starts) and `tls = "require"` against that CA; `extra` may override any of it.
+    """
 
     def __init__(self, directory: Path, metadata_uri: str, *, index: int, shards: int,
-                 journal_sync: str, extra: dict[str, Any] | None = None) -> None:
+                 journal_sync: str, extra: dict[str, Any] | None = None, pki: TestPKI | None = None) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.index = index
         self.port = free_port_block(shards)
+        trust: dict[str, Any] = {}
+        if pki is not None:
+            cert, key = pki.bookie(str((extra or {}).get("bookie_id") or f"127.0.0.1:{self.port}"))
+            trust = {"tls": "require", "tls_cert_file": cert, "tls_key_file": key, "tls_ca_file": pki.ca_file}
         self.conf = {
             "metadata_uri": metadata_uri, "bind_address": "127.0.0.1", "advertised_address": "127.0.0.1",
             "port": self.port, "shards": shards, "journal_dir": str(self.dir / "journal"),
             "ledger_dirs": [str(self.dir / "ledgers")], "journal_sync": journal_sync,
             "zk_session_timeout_ms": 4000,
             # Small zero-filled journal files: many bookies start in a test run (override for benches).
-            "journal_preallocate_bytes": 4 << 20, **(extra or {}),
+            "journal_preallocate_bytes": 4 << 20, **trust, **(extra or {}),
         }
         self.conf_path = self.dir / "bookie.toml"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -263,12 +275,22 @@ class LocalCluster:
     `racks=True` (bookie i registers rack `/rack-<i+1>`, so rack-aware placement has the
     distinct racks it asks for instead of degrading on every ledger). A `bookie_conf` or
     `add_bookie` key (`http_port`, `rack`) overrides what these options give.
+
+    Trust, for the tests of TLS and authentication: with `pki` (bookkeeper.testing.pki.TestPKI)
+    every bookie gets a certificate for its own bookie id and `tls = "require"`; `bookie_trust`
+    adds the bookies' other trust keys (`tls`, `tls_client_auth`, `auth_provider`,
+    `authz_file`, ...). With `auth_provider = "token"` and no `auth_token_keys_file`, the
+    cluster makes a keys file (`token_keys_file`). `client_trust(principal)` gives the
+    `connect` keywords of a client acting as that principal.
     """
+
+    TOKEN_KEY_ID = "test-1"
 
     def __init__(self, directory: str | os.PathLike[str], *, bookies: int = 3, shards: int = 2,
                  journal_sync: str = "io_uring", zk_port: int | None = None, prefer_zk_port: int | None = None,
                  http_ports: bool = False, racks: bool = False,
-                 bookie_conf: dict[str, Any] | None = None) -> None:
+                 bookie_conf: dict[str, Any] | None = None, pki: TestPKI | None = None,
+                 bookie_trust: dict[str, Any] | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.zk = ZooKeeperServer(self.dir / "zookeeper",
@@ -278,6 +300,13 @@ class LocalCluster:
         self.http_ports = http_ports
         self.racks = racks
         self.bookie_conf = bookie_conf or {}
+        self.pki = pki
+        self.bookie_trust = dict(bookie_trust or {})
+        self.token_keys_file = str(self.bookie_trust.get("auth_token_keys_file", ""))
+        if self.bookie_trust.get("auth_provider") == "token" and not self.token_keys_file:
+            self.token_keys_file = str(self.dir / "token-keys.toml")
+            generate_keys_file(self.token_keys_file, self.TOKEN_KEY_ID)
+            self.bookie_trust["auth_token_keys_file"] = self.token_keys_file
         self.bookies: list[LocalBookie] = []
         self._initial = bookies
 
@@ -305,12 +334,46 @@ class LocalCluster:
         if self.racks:
             options["rack"] = f"/rack-{index + 1}"
         b = LocalBookie(self.dir / f"bookie-{index}", self.metadata_uri, index=index, shards=self.shards,
-                        journal_sync=self.journal_sync, extra={**options, **self.bookie_conf, **conf})
+                        journal_sync=self.journal_sync, pki=self.pki,
+                        extra={**options, **self.bookie_trust, **self.bookie_conf, **conf})
         self.bookies.append(b)
         b.start()
         if wait:
             self.wait_registered([b])
         return b
+
+    def token(self, principal: str, ttl_s: float = 3600.0, *, key_id: str | None = None) -> str:
+        """A token for `principal` signed with the cluster's token keys (`key_id`: one of the
+        keys file's, by default the one the cluster made)."""
+        if not self.token_keys_file:
+            raise ValueError("this cluster has no token keys (bookie_trust auth_provider = 'token')")
+        kid = key_id or self.TOKEN_KEY_ID
+        secret = read_keys_file(self.token_keys_file).get(kid)
+        if secret is None:
+            raise ValueError(f"no key {kid!r} in {self.token_keys_file}")
+        return mint_token(subject=principal, ttl_s=ttl_s, key_id=kid, secret=secret)
+
+    def client_trust(self, principal: str | None = None, *, auth: str | None = None,
+                     ttl_s: float = 3600.0) -> dict[str, Any]:
+        """`BookKeeper.connect` keywords of a client of this cluster acting as `principal`.
+
+        TLS (`require`) against the cluster's CA when it has a pki, with a client certificate
+        for the principal (mTLS) when there is one; then the AUTH plug-in `auth` (default: the
+        bookies' auth_provider): "mtls" (the certificate's CN is the principal) or "token" (a
+        token for the principal, valid ttl_s). No principal: TLS only, no credentials.
+        """
+        kwargs: dict[str, Any] = {}
+        if self.pki is not None:
+            kwargs.update(tls="require", tls_ca_file=self.pki.ca_file)
+            if principal is not None:
+                cert, key = self.pki.client(principal)
+                kwargs.update(tls_cert_file=cert, tls_key_file=key)
+        provider = auth if auth is not None else str(self.bookie_trust.get("auth_provider", ""))
+        if principal is not None and provider:
+            kwargs["auth_provider"] = provider
+            if provider == "token":
+                kwargs["auth_token"] = self.token(principal, ttl_s)
+        return kwargs
 
     def _read_registrations(self) -> Registrations:
         """Writable registrations: bookie id -> (its data, the session that owns the ephemeral znode)."""

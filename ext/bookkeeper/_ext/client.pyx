@@ -219,7 +219,7 @@ cdef class RequestPipe:
     the kernel copies into it, nothing else does), buffer_updated() parses every complete
     response there and calls each request's callback(ctx, response, error) in arrival
     order. A response is the tuple (op, status, request_id, ledger_id, entry_id, lac,
-    payload); error is None for OK, else error_for(status), a BKError. A request sent with
+    payload); error is None for OK, else error_for(status[, payload]), a BKError. A request sent with
     borrow=True gets its payload as a read-only memoryview of the receive buffer, valid
     only during the callback (released after it): the entry read path copies the data
     out once, after its digest check, instead of once per layer.
@@ -241,7 +241,9 @@ cdef class RequestPipe:
 
     def __cinit__(self, Py_ssize_t max_frame, error_for, schedule_flush, flush_now,
                   Py_ssize_t eager_bytes=16384):
-        """error_for(status) -> BKError; schedule_flush() arranges one write of the outbox
+        """error_for(status[, payload]) -> BKError (payload, the bookie's reason for the error,
+        is passed only when the response has one: a view valid during the call when the
+        request borrowed); schedule_flush() arranges one write of the outbox
         (called when a frame lands in an empty outbox of a connected pipe); flush_now()
         writes it at once (called when the outbox reaches eager_bytes: a burst of requests,
         e.g. sent from the callbacks of one big receive buffer, starts reaching the bookie
@@ -413,7 +415,7 @@ cdef class RequestPipe:
                 resp = response_tuple(p, flen, None)
             status = resp[1]
             try:
-                callback(ctx, resp, None if status == 0 else self._error_for(status))
+                callback(ctx, resp, None if status == 0 else self._error(status, resp[6]))
             except Exception:
                 _log.exception("response callback failed")
             if view is not None:
@@ -425,6 +427,14 @@ cdef class RequestPipe:
             if self._generation != generation:
                 break
         return pos
+
+    cdef object _error(self, int status, object payload):
+        """error_for(status), or error_for(status, payload) when the error response carries a
+        payload (the bookie's reason, UTF-8): only error responses come here, so OK ones pay
+        nothing for it."""
+        if len(payload) == 0:
+            return self._error_for(status)
+        return self._error_for(status, payload)
 
     def expire(self, double now, error) -> None:
         """Fail the requests whose deadline passed with error(), a fresh BKError each.
