@@ -311,21 +311,37 @@ def test_a_new_pair_is_picked_up_after_the_interval(ca: TestPKI, live: tuple[Rel
 
 def test_a_mismatched_pair_keeps_the_old_context_and_is_counted_once(
         ca: TestPKI, live: tuple[ReloadingTLS, str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """Counted when still mismatched at the next check; logged once; the old pair serves on."""
     server, live_cert, live_key = live
     t = time.monotonic()
     old, old_serial = server.context, _serial_of(live_cert)
     new_cert, new_key = ca.bookie(BOOKIE)
-    install(new_cert, live_cert)  # the certificate rolled, its key not yet
+    install(new_cert, live_cert)  # the certificate rolled, and its key never follows
     with caplog.at_level(logging.WARNING, logger="bookkeeper.security"):
         assert not server.maybe_reload(t + 1.0)
-        assert not server.maybe_reload(t + 2.0)  # the same bad files: not counted again
+        assert (server.reload_failures, server.last_error) == (0, None)  # perhaps a roll half done
+        assert not server.maybe_reload(t + 2.0)
+        assert not server.maybe_reload(t + 3.0)  # the same bad files: not counted again
     assert (server.reloads, server.reload_failures) == (0, 1)
     assert server.last_error is not None and "key does not match" in server.last_error
     assert [r.levelname for r in caplog.records] == ["WARNING"] and live_cert in caplog.records[0].getMessage()
     assert server.context is old and _serial_served(server, ca) == old_serial
-    install(new_key, live_key)  # the key follows: now the pair loads
-    assert server.maybe_reload(t + 3.0)
+    install(new_key, live_key)  # the key at last: now the pair loads
+    assert server.maybe_reload(t + 4.0)
     assert (server.reloads, server.reload_failures, server.last_error) == (1, 1, None)
+    assert _serial_served(server, ca) == _serial_of(new_cert)
+
+
+def test_a_roll_caught_between_certificate_and_key_is_not_a_failure(
+        ca: TestPKI, live: tuple[ReloadingTLS, str, str]) -> None:
+    server, live_cert, live_key = live
+    t = time.monotonic()
+    new_cert, new_key = ca.bookie(BOOKIE)
+    install(new_cert, live_cert)
+    assert not server.maybe_reload(t + 1.0)  # the check falls between the two renames
+    install(new_key, live_key)
+    assert server.maybe_reload(t + 2.0)
+    assert (server.reloads, server.reload_failures, server.last_error) == (1, 0, None)
     assert _serial_served(server, ca) == _serial_of(new_cert)
 
 
@@ -339,7 +355,8 @@ def test_a_bad_new_file_keeps_the_old_context(live: tuple[ReloadingTLS, str, str
     else:
         text = Path(live_cert).read_text()
         Path(live_cert).write_text("junk\n" if damage == "garbage" else text[:len(text) // 2])
-    assert not server.maybe_reload(time.monotonic() + 1.0)
+    t = time.monotonic()
+    assert not server.maybe_reload(t + 1.0) and not server.maybe_reload(t + 2.0)
     assert server.context is old and server.reload_failures == 1
     assert server.last_error is not None and words in server.last_error and live_cert in server.last_error
 
@@ -529,11 +546,11 @@ def test_keys_rotate_by_reload_and_a_bad_file_keeps_the_keys(tmp_path: Path) -> 
     assert keys.maybe_reload(t + 1.0)
     assert keys.verify(old_token).key_id == "old" and keys.verify(new_token).key_id == "new"
     path.write_text("[keys]\nnew = 'short'\n")
-    assert not keys.maybe_reload(t + 2.0)
+    assert not keys.maybe_reload(t + 2.0) and not keys.maybe_reload(t + 3.0)
     assert keys.reload_failures == 1 and keys.last_error is not None and "not a base64 string" in keys.last_error
     assert keys.verify(old_token).key_id == "old"  # the bad file changed nothing
     _keys_file(path, {"new": b"n" * 32})  # the old key retired
-    assert keys.maybe_reload(t + 3.0)
+    assert keys.maybe_reload(t + 4.0)
     assert keys.key_ids == ["new"] and keys.reloads == 2 and keys.last_error is None
     with pytest.raises(AuthenticationError, match="unknown key id old"):
         keys.verify(old_token)
@@ -635,7 +652,7 @@ def test_authz_reload_bumps_the_generation_and_a_bad_file_keeps_the_policy(tmp_p
     assert not policy.maybe_reload(t + 0.5) and policy.maybe_reload(t + 1.0)
     assert policy.generation == 1 and policy.roles("alice") == {"read", "write"}
     _authz(path, '[principals]\nalice = ["root"]\n')
-    assert not policy.maybe_reload(t + 2.0)
+    assert not policy.maybe_reload(t + 2.0) and not policy.maybe_reload(t + 3.0)
     assert policy.generation == 1 and policy.reload_failures == 1 and policy.roles("alice") == {"read", "write"}
     assert policy.last_error is not None and "unknown role(s) ['root']" in policy.last_error
 
@@ -816,6 +833,7 @@ def test_pki_refuses_bad_input(tmp_path: Path) -> None:
         (lambda: pki.issue_client_cert(ca_cert, ca_key, out, principal=""), "non-empty principal"),
         (lambda: pki.issue_server_cert(ca_cert, ca_key, out, hosts=[]), "at least one host"),
         (lambda: pki.issue_client_cert(ca_cert, ca_key, out, principal="a", days=0), "days must be > 0"),
+        (lambda: pki.make_ca(str(tmp_path / "ca"), common_name="again"), "ca.pem exists"),
     ]
     for call, words in cases:
         with pytest.raises(ConfigError, match=words):

@@ -82,7 +82,12 @@ def _key_usage(*, ca: bool) -> x509.KeyUsage:
 
 
 def make_ca(dir: str, *, common_name: str, days: float = CA_DAYS) -> tuple[str, str]:  # noqa: A002 - the agreed name
-    """A new CA in `dir`: (`dir/ca.pem`, `dir/ca-key.pem`)."""
+    """A new CA in `dir`: (`dir/ca.pem`, `dir/ca-key.pem`). Refused where a CA already is: a new
+    one there would leave every certificate the old one signed untrusted."""
+    for stem in ("ca.pem", "ca-key.pem"):
+        if os.path.exists(os.path.join(dir, stem)):
+            raise ConfigError(f"{os.path.join(dir, stem)} exists: a new CA there would orphan every certificate "
+                              f"the old one signed; remove it first or choose another directory")
     key = ec.generate_private_key(ec.SECP256R1())
     name = _name(common_name)
     cert = (_builder(name, name, key.public_key(), days)

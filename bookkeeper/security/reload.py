@@ -47,8 +47,10 @@ class Reloading(Generic[T]):
 
     `load()` builds the value or raises LoadError (or OSError/ValueError) with a reason naming
     the file; the first load's failure propagates (the caller turns it into ConfigError), a
-    later one keeps the old value. A failed signature is remembered, so a bad file is counted
-    and logged once, not at every interval; the next change to any file is tried again.
+    later one keeps the old value. A failure counts (and is logged, once) when the same files
+    are still bad at the next check: a roll that replaces the certificate and, a moment later,
+    its key is caught between the two now and then, and that is not a failure. A bad file is
+    counted once, not at every interval; any further change is tried again.
     """
 
     def __init__(self, paths: Sequence[str], load: Callable[[], T], *, what: str,
@@ -60,6 +62,7 @@ class Reloading(Generic[T]):
         self._what = what
         self._interval_s = reload_interval_s
         self._sig = signature(self._paths)
+        self._failed_sig: Signature | None = None  # files that failed once, not yet counted
         self.value: T = load()
         self._last_check = time.monotonic() if now is None else now
         self.reloads = 0
@@ -77,15 +80,24 @@ class Reloading(Generic[T]):
         sig = signature(self._paths)
         if sig == self._sig:
             return False
-        self._sig = sig
         try:
             value = self._load()
         except (LoadError, OSError, ValueError) as e:
-            self.reload_failures += 1
-            self.last_error = str(e)
-            log.warning("%s not reloaded, the previous one stays in use: %s", self._what, e)
+            self._failed(sig, str(e))
             return False
+        self._sig, self._failed_sig = sig, None
         self.value = value
         self.reloads += 1
         self.last_error = None
         return True
+
+    def _failed(self, sig: Signature, reason: str) -> None:
+        """First failure of these files: try them again at the next check; second: count it,
+        log it, and leave them be until they change again."""
+        if sig != self._failed_sig:
+            self._failed_sig = sig
+            return
+        self._sig = sig
+        self.reload_failures += 1
+        self.last_error = reason
+        log.warning("%s not reloaded, the previous one stays in use: %s", self._what, reason)
