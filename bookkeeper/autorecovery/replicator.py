@@ -40,7 +40,9 @@ from bookkeeper.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
 )
-from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState, password_digest
+from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState, check_password
+from bookkeeper.meta.sealing import SealError
+from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import Flag, Op
 
 log = logging.getLogger(__name__)
@@ -137,7 +139,7 @@ class LedgerReplicator:
 
     async def _recover(self, md: LedgerMetadata) -> None:
         """Fence and close an open ledger whose writer did not move off the bookie in time."""
-        password = _password(md)
+        password = _password(md, self.bk.store)
         log.info("ledger %d: fencing and recovering it (its last segment names a bookie to replace)",
                  md.ledger_id)
         try:
@@ -157,7 +159,7 @@ class LedgerReplicator:
     async def _copy(self, md: LedgerMetadata, frag: Fragment, bookies: set[str]) -> int | None:
         """Copy one fragment to replacements and switch the metadata; the entries copied, or
         None if the segment changed meanwhile (planned again)."""
-        password = _password(md)
+        password = _password(md, self.bk.store)
         new = await self.bk.replacement_ensemble(md, list(frag.ensemble), list(frag.slots), set(bookies))
         key = master_key(password)
         digest = DigestManager(md.ledger_id, md.digest, password)
@@ -244,12 +246,13 @@ class LedgerReplicator:
                 continue
 
 
-def _password(md: LedgerMetadata) -> bytes:
-    """The ledger's stored password, checked against its digest: without it nothing can be
-    verified (MAC) nor written (master key)."""
-    if md.password is None:
-        raise UnreplicableError(f"ledger {md.ledger_id} has no stored password (created before it was kept): "
-                                f"it cannot be re-replicated")
-    if password_digest(md.password) != md.password_digest:
+def _password(md: LedgerMetadata, store: ZkMetadataStore) -> bytes:
+    """The ledger's stored password (unsealed with the store's private key), checked against its
+    digest: without it nothing can be verified (MAC) nor written (master key)."""
+    try:
+        password = store.ledger_password(md)
+    except SealError as e:
+        raise UnreplicableError(f"{e}: it cannot be re-replicated here") from None
+    if not check_password(password, md.password_digest):
         raise UnreplicableError(f"ledger {md.ledger_id}: its stored password does not match its password digest")
-    return md.password
+    return password

@@ -5,19 +5,29 @@ Format history (the `format_version` field of the JSON object):
       base64, password digest hex (sha256 of the password). Optional key
       "writer_ensembles" (the segments as the fenced writer left them, same shape as
       "ensembles"), set when recovery begins; readers that do not know it may ignore it.
-      Optional key "password" (base64): the ledger's password, kept so that auto-recovery
-      (which copies entries to new bookies: it needs the master key, and the MAC key to
-      verify MAC digests) can work on any ledger, as Apache BookKeeper keeps it. Anyone who
-      can read the metadata can read it: ZooKeeper ACLs are the protection. `bk ledger
-      metadata` never prints it.
+      Optional key "password" (base64): the ledger's password in the clear, kept so that
+      auto-recovery (which copies entries to new bookies: it needs the master key, and the
+      MAC key to verify MAC digests) can work on any ledger, as Apache BookKeeper keeps it.
+      Keys added later, in the same format (a reader ignores keys it does not know, so
+      no version bump was needed and older readers keep reading newer znodes):
+      "sealed_password" (issue 23): the password sealed to the cluster's public key
+      (bookkeeper/meta/sealing.py), written instead of "password" whenever the cluster has
+      published a key; "password" (clear) remains only on a cluster without one, until
+      `bk zk secure` seals it. "creator" (issue 23): the principal that created the ledger.
+      "password_digest" may be a salted scrypt, `scrypt$N$r$p$<salt b64>$<hash b64>`, told
+      from a sha256 one by its prefix; check_password reads both. `bk ledger metadata`
+      prints neither the password nor its sealed form.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
 import enum
+import binascii
 import hashlib
+import hmac
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +35,11 @@ from typing import Any
 from bookkeeper.errors import BKError
 
 FORMAT_VERSION = 1
+# scrypt's cost: 2^14 x 8 uses 16 MiB and ~27 ms of one core here, per ledger create and open
+# (the digest is checked before any bookie is asked); the parameters travel in each digest, so
+# raising them later leaves older digests verifiable.
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+_SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 
 class DigestType(enum.Enum):
@@ -49,9 +64,42 @@ def _segments(raw: list[dict[str, Any]]) -> dict[int, list[str]]:
     return {int(s["first_entry_id"]): list(s["bookies"]) for s in raw}
 
 
-def password_digest(password: bytes) -> str:
-    """What metadata keeps of a password: enough to check it, never the password."""
+def _legacy_digest(password: bytes) -> str:
     return hashlib.sha256(b"bookkeeper-py:" + password).hexdigest()
+
+
+def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=_SCRYPT_MAXMEM)
+
+
+def password_digest(password: bytes) -> str:
+    """What metadata keeps of a password: enough to check it, never the password. The sha256
+    digest of format 1 while bookkeeper/client/client.py still compares digests with `!=`;
+    scrypt_digest once every comparison goes through check_password."""
+    return _legacy_digest(password)
+
+
+def scrypt_digest(password: bytes) -> str:
+    """Salted (a fresh 16-byte salt) and slow (scrypt): one who reads the metadata can neither
+    look the password up in a table nor try many guesses a second. Compare with check_password,
+    never ==."""
+    salt = os.urandom(16)
+    hashed = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${base64.b64encode(salt).decode()}${base64.b64encode(hashed).decode()}"
+
+
+def check_password(password: bytes, digest: str) -> bool:
+    """Whether password is the one `digest` was made of: a scrypt digest (format 2) or a sha256
+    one (format 1); compared in constant time. A digest in neither form matches nothing."""
+    if digest.startswith("scrypt$"):
+        try:
+            _, n, r, p, salt, hashed = digest.split("$")
+            want = base64.b64decode(hashed, validate=True)
+            got = _scrypt(password, base64.b64decode(salt, validate=True), int(n), int(r), int(p))
+        except (ValueError, binascii.Error):
+            return False
+        return hmac.compare_digest(got, want)
+    return hmac.compare_digest(_legacy_digest(password).encode(), digest.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +119,9 @@ class LedgerMetadata:
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     ctime: int = field(default_factory=lambda: int(time.time() * 1000))
     writer_ensembles: dict[int, list[str]] | None = None  # set by recovery: the fenced writer's segments
-    password: bytes | None = field(default=None, repr=False)  # for auto-recovery; None: created before it was kept
+    password: bytes | None = field(default=None, repr=False)  # in the clear: the creator's, or format 1's stored one
+    sealed_password: str | None = field(default=None, repr=False)  # sealed to the cluster key (meta/sealing.py)
+    creator: str = ""  # the principal that created the ledger ("" before format 2)
     version: int = -1  # the znode version this snapshot was read at; not serialized
 
     @property
@@ -115,8 +165,11 @@ class LedgerMetadata:
             "custom_metadata": {k: base64.b64encode(v).decode() for k, v in self.custom_metadata.items()},
             "ctime": self.ctime,
             **({"writer_ensembles": _segments_json(self.writer_ensembles)} if self.writer_ensembles else {}),
+            **({"creator": self.creator} if self.creator else {}),
         }
-        if secrets and self.password is not None:
+        if secrets and self.sealed_password is not None:
+            out["sealed_password"] = self.sealed_password
+        elif secrets and self.password is not None:
             out["password"] = base64.b64encode(self.password).decode()
         return out
 
@@ -146,7 +199,9 @@ class LedgerMetadata:
                 ctime=int(d["ctime"]),
                 writer_ensembles=_segments(d["writer_ensembles"]) if "writer_ensembles" in d else None,
                 password=base64.b64decode(d["password"]) if "password" in d else None,
+                sealed_password=str(d["sealed_password"]) if "sealed_password" in d else None,
+                creator=str(d.get("creator", "")),
                 version=version,
             )
-        except (KeyError, ValueError, TypeError) as e:
+        except (KeyError, ValueError, TypeError, binascii.Error) as e:
             raise BKError(f"corrupt ledger metadata: {e}") from e

@@ -2,6 +2,8 @@
 
 Layout under the root (default /ledgers), see docs/metadata.md:
   INSTANCEID                      cluster instance id, written once
+  security                        JSON: the public key ledger passwords are sealed to, the
+                                  read-only principal's digest id (meta/zk_security.py)
   available/<bookie_id>           ephemeral: JSON registration (rack, shards)
   available/readonly/<bookie_id>  ephemeral: same, for read-only bookies
   cookies/<bookie_id>             JSON cookie: which directories this bookie id owns
@@ -10,11 +12,17 @@ Layout under the root (default /ledgers), see docs/metadata.md:
   underreplication/...            auto-recovery: marks, locks, election (meta/underreplication.py)
   <2 digits>/<4 digits>/L<4 digits>  ledger metadata, hierarchical by the 10-digit id
 
+With credentials (ZkSecurity.auth) every znode it writes carries the ACL of
+meta/zk_security.py (kazoo's default_acl, so ensure_path's parents too), and ZooKeeper's
+NoAuth / AuthFailed become MetadataAuthError naming the operation, the path and the user
+(GuardedKazooClient: the one place they are mapped).
+
 Thread-safety: kazoo is thread-safe; the asyncio client calls these methods from
 an executor so a slow ZooKeeper never blocks the event loop.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -22,24 +30,34 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from kazoo.client import KazooClient, TransactionRequest
+from kazoo.exceptions import (AuthFailedError, BadVersionError, NoAuthError, NodeExistsError, NoNodeError,
+                              NotEmptyError)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
-from bookkeeper.errors import BKError, LedgerExistsError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.errors import (BKError, LedgerExistsError, MetadataAuthError, MetadataVersionError,
+                               NoSuchLedgerError)
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
+from bookkeeper.meta.sealing import SealError, key_id, load_private_key, public_bytes, seal, unseal
 from bookkeeper.meta.zk_connect import start_client
+from bookkeeper.meta.zk_security import (SecurityDoc, ZkSecurity, auth_failed_message, kazoo_options,
+                                         no_auth_message, node_acls)
 from bookkeeper.proto import MAX_LEDGER_ID
 
 log = logging.getLogger(__name__)
 
 
+SCHEMES = ("zk://", "zk+tls://")
+
+
 def parse_metadata_uri(uri: str) -> tuple[str, str]:
-    """'zk://h1:p1,h2:p2/ledgers' -> ('h1:p1,h2:p2', '/ledgers')."""
-    if not uri.startswith("zk://"):
-        raise BKError(f"metadata URI must start with zk://, got {uri!r}")
-    rest = uri[len("zk://"):]
+    """'zk://h1:p1,h2:p2/ledgers' -> ('h1:p1,h2:p2', '/ledgers'); zk+tls:// alike (uses_tls)."""
+    scheme = next((s for s in SCHEMES if uri.startswith(s)), None)
+    if scheme is None:
+        raise BKError(f"metadata URI must start with zk:// (or zk+tls:// for ZooKeeper's TLS port), got {uri!r}")
+    rest = uri[len(scheme):]
     hosts, _, path = rest.partition("/")
     if not hosts:
         raise BKError(f"metadata URI names no ZooKeeper host: {uri!r}")
@@ -49,6 +67,67 @@ def parse_metadata_uri(uri: str) -> tuple[str, str]:
         raise BKError(f"metadata URI has a bad host:port list {hosts!r}: {e}") from None
     root = "/" + path.strip("/") if path.strip("/") else "/ledgers"
     return hosts, root
+
+
+def uses_tls(uri: str) -> bool:
+    """Whether the URI names ZooKeeper's secure client port (zk+tls://)."""
+    return uri.startswith("zk+tls://")
+
+
+def metadata_auth_error(error: NoAuthError | AuthFailedError, op: str, path: str,
+                        security: ZkSecurity) -> MetadataAuthError:
+    """kazoo's NoAuth / AuthFailed as the MetadataAuthError that says which (the one mapping)."""
+    if isinstance(error, AuthFailedError):
+        return MetadataAuthError(auth_failed_message(security))
+    return MetadataAuthError(no_auth_message(op, path, security))
+
+
+class GuardedKazooClient(KazooClient):  # type: ignore[misc]  # kazoo is untyped
+    """kazoo's client whose synchronous calls raise MetadataAuthError instead of NoAuthError and
+    AuthFailedError, so every caller (this module, under-replication, streams, kazoo's own
+    recipes) reports a refusal the same way. Async calls and multi-op results map with
+    metadata_auth_error."""
+
+    def __init__(self, *args: Any, security: ZkSecurity, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.security = security
+
+    def transaction(self) -> TransactionRequest:
+        return _GuardedTransaction(self)
+
+
+_MULTI_OPS = {"Create": "create", "Delete": "delete", "SetData": "write", "CheckVersion": "check"}
+
+
+class _GuardedTransaction(TransactionRequest):  # type: ignore[misc]  # kazoo is untyped
+    """A multi-op refused for want of credentials raises instead of returning NoAuthError among
+    its results (the other results are all RolledBackError then: nothing happened)."""
+
+    def commit(self) -> list[Any]:
+        results: list[Any] = super().commit()
+        for op, result in zip(self.operations, results):
+            if isinstance(result, (NoAuthError, AuthFailedError)):
+                what = _MULTI_OPS.get(type(op).__name__, type(op).__name__)
+                raise metadata_auth_error(result, f"{what} (in a multi-op)", op.path, self.client.security)
+        return results
+
+
+def _guard(name: str, op: str) -> None:
+    method = getattr(KazooClient, name)
+
+    @functools.wraps(method)
+    def call(self: GuardedKazooClient, path: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, path, *args, **kwargs)
+        except (NoAuthError, AuthFailedError) as e:
+            raise metadata_auth_error(e, op, path, self.security) from None
+    setattr(GuardedKazooClient, name, call)
+
+
+for _name, _op in (("create", "create"), ("ensure_path", "create"), ("get", "read"), ("get_children", "list"),
+                   ("set", "write"), ("delete", "delete"), ("exists", "stat"), ("get_acls", "read the ACL of"),
+                   ("set_acls", "set the ACL of")):
+    _guard(_name, _op)
 
 
 def ledger_path(root: str, ledger_id: int) -> str:
@@ -63,24 +142,46 @@ class ZkMetadataStore:
     """Ledger metadata, bookie registrations, cookies and id allocation in ZooKeeper."""
 
     def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 2.0,
-                 create: bool = True) -> None:
+                 create: bool = True, security: ZkSecurity | None = None) -> None:
         """Connect; create=True (bookies) lays out a new cluster's znodes, create=False (clients)
         refuses a path that holds no cluster: a mistyped root must not look like an empty cluster.
+        security: credentials (and ACLs on what this store writes), TLS files for a zk+tls://
+        URI, the seal key of a bookie (which publishes its public key when the cluster has none).
 
         ZooKeeperUnreachableError when no server answers (meta/zk_connect.py): at once when every
         address refuses or is unreachable, after connect_timeout_s per address that does not
         answer a TCP connect, after the session timeout when one accepts TCP and starts no session.
+        MetadataAuthError when the cluster's ACLs refuse these credentials (or their absence).
         """
         self.uri = uri
         self.hosts, self.root = parse_metadata_uri(uri)
-        self.zk: KazooClient = start_client(self.hosts, session_timeout_s=session_timeout_ms / 1000.0,
-                                            connect_timeout_s=connect_timeout_s)
-        if create:
-            self.ensure_layout()
-        elif self.zk.exists(f"{self.root}/INSTANCEID") is None:
+        self.security = security or ZkSecurity()
+        self.doc = SecurityDoc()
+        self._private_key: X25519PrivateKey | None = None
+        self.zk: KazooClient = start_client(
+            self.hosts, session_timeout_s=session_timeout_ms / 1000.0, connect_timeout_s=connect_timeout_s,
+            client_factory=functools.partial(GuardedKazooClient, security=self.security,
+                                             **kazoo_options(self.security, tls=uses_tls(uri))))
+        try:
+            self.zk.DataWatch(self.security_path, self._on_security)
+            if create:
+                self.ensure_layout()
+                if self.security.seal_key_file:
+                    self.publish_seal_key(public_bytes(self.private_key()))
+            else:
+                self._check_cluster()
+        except BaseException:
             self.close()
-            raise BKError(f"no BookKeeper cluster at {uri}: {self.root}/INSTANCEID does not exist "
-                          f"(check the path, or start a bookie first)")
+            raise
+
+    def _check_cluster(self) -> None:
+        """A read (not a stat: ZooKeeper checks no ACL for exists) of INSTANCEID, so that a client
+        the cluster's ACLs do not admit is told at connect, not at its first ledger."""
+        try:
+            self.zk.get(f"{self.root}/INSTANCEID")
+        except NoNodeError:
+            raise BKError(f"no BookKeeper cluster at {self.uri}: {self.root}/INSTANCEID does not exist "
+                          f"(check the path, or start a bookie first)") from None
 
     def close(self) -> None:
         try:
@@ -91,6 +192,84 @@ class ZkMetadataStore:
     @property
     def connected(self) -> bool:
         return bool(self.zk.connected)
+
+    # -- security: ACLs, the seal key -----------------------------------------------
+    @property
+    def security_path(self) -> str:
+        return f"{self.root}/security"
+
+    def _on_security(self, data: bytes | None, _stat: Any, _event: Any = None) -> None:
+        """The security znode now (kazoo's DataWatch: at once, then at every change): the key new
+        passwords are sealed to, and the ACL of what this store creates from here on."""
+        self._adopt(SecurityDoc.from_json(data))
+
+    def _adopt(self, doc: SecurityDoc) -> None:
+        self.doc = doc
+        self.zk.default_acl = node_acls(doc.readonly) if self.security.auth else None
+
+    def update_security(self, change: Callable[[SecurityDoc], SecurityDoc]) -> SecurityDoc:
+        """Compare-and-set the security znode (created if absent) with change(current)."""
+        while True:
+            try:
+                data, stat = self.zk.get(self.security_path)
+            except NoNodeError:
+                new = change(SecurityDoc())
+                try:
+                    self.zk.create(self.security_path, new.to_json(), makepath=True)
+                except NodeExistsError:
+                    continue
+                self._adopt(new)
+                return new
+            current = SecurityDoc.from_json(data)
+            new = change(current)
+            if new == current:
+                return current
+            try:
+                self.zk.set(self.security_path, new.to_json(), version=stat.version)
+            except BadVersionError:
+                continue
+            self._adopt(new)
+            return new
+
+    def publish_seal_key(self, public_key: bytes) -> None:
+        """Make public_key the one clients seal ledger passwords to, unless the cluster has one:
+        a different one is an error (bookies must share the private key), never replaced."""
+        def change(doc: SecurityDoc) -> SecurityDoc:
+            if doc.seal_public_key is None:
+                return SecurityDoc(seal_public_key=public_key, readonly=doc.readonly)
+            if doc.seal_public_key != public_key:
+                raise SealError(f"the cluster seals ledger passwords to key {key_id(doc.seal_public_key)} "
+                                f"({self.security_path}), but password_seal_key_file holds key {key_id(public_key)}: "
+                                f"every bookie needs the same private key")
+            return doc
+        self.update_security(change)
+
+    def private_key(self) -> X25519PrivateKey:
+        """The seal key of security.seal_key_file (read once)."""
+        if not self.security.seal_key_file:
+            raise SealError("no password_seal_key_file: this process cannot open sealed ledger passwords")
+        if self._private_key is None:
+            self._private_key = load_private_key(self.security.seal_key_file)
+        return self._private_key
+
+    def _stored(self, md: LedgerMetadata) -> bytes:
+        """The znode bytes of md: its password sealed when the cluster has a public key."""
+        key = self.doc.seal_public_key
+        if md.password is not None and key is not None:
+            md = md.replace(sealed_password=seal(key, md.password, md.ledger_id), password=None)
+        return md.serialize()
+
+    def ledger_password(self, md: LedgerMetadata) -> bytes:
+        """The ledger's password from its metadata: unsealed with this store's private key (a
+        SealError naming what is missing otherwise), or a clear one a format-1 ledger kept."""
+        if md.password is not None:
+            return md.password
+        if md.sealed_password is None:
+            raise SealError(f"ledger {md.ledger_id} has no stored password (created before it was kept)")
+        if not self.security.seal_key_file:
+            raise SealError(f"ledger {md.ledger_id}: its password is sealed and this process holds no private key "
+                            f"(set password_seal_key_file to the cluster's seal key)")
+        return unseal(self.private_key(), md.sealed_password, md.ledger_id)
 
     # -- layout ------------------------------------------------------------
     def ensure_layout(self) -> None:
@@ -140,10 +319,13 @@ class ZkMetadataStore:
 
     def unregister_bookie(self, bookie_id: str, *, readonly: bool = False, timeout_s: float = 5.0) -> None:
         """Remove the registration; bounded, since it runs on the way down."""
+        path = self._bookie_node(bookie_id, readonly)
         try:
-            self.zk.delete_async(self._bookie_node(bookie_id, readonly)).get(timeout=timeout_s)
+            self.zk.delete_async(path).get(timeout=timeout_s)
         except NoNodeError:
             pass
+        except (NoAuthError, AuthFailedError) as e:
+            raise metadata_auth_error(e, "delete", path, self.security) from None
 
     def watch_bookies(self, changed: Callable[[], bool]) -> None:
         """Call changed() from kazoo's thread whenever the registered bookies may have changed: a
@@ -223,8 +405,13 @@ class ZkMetadataStore:
         return int(path.rsplit("-", 1)[1])
 
     def create_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
+        """Store a new ledger's metadata, recording this store's principal as its creator (unless
+        md names one) and sealing its password when the cluster has a key; the snapshot returned
+        keeps the password as the creator gave it."""
+        if not md.creator:
+            md = md.replace(creator=self.security.principal)
         try:
-            self.zk.create(ledger_path(self.root, md.ledger_id), md.serialize(), makepath=True)
+            self.zk.create(ledger_path(self.root, md.ledger_id), self._stored(md), makepath=True)
         except NodeExistsError as e:
             raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from e
         return md.replace(version=0)
@@ -246,7 +433,7 @@ class ZkMetadataStore:
     def write_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
         """Compare-and-set on md.version; returns the snapshot at the new version."""
         try:
-            stat = self.zk.set(ledger_path(self.root, md.ledger_id), md.serialize(), version=md.version)
+            stat = self.zk.set(ledger_path(self.root, md.ledger_id), self._stored(md), version=md.version)
         except BadVersionError as e:
             raise MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version {md.version}") from e
         except NoNodeError as e:
@@ -350,11 +537,13 @@ class ZkMetadataStore:
         Why: a scan of every ledger costs one round trip per batch, not per ledger."""
         pending = [self.zk.get_async(ledger_path(self.root, lid)) for lid in ledger_ids]
         out: list[LedgerMetadata | None] = []
-        for res in pending:
+        for lid, res in zip(ledger_ids, pending):
             try:
                 data, stat = res.get()
             except NoNodeError:
                 out.append(None)
                 continue
+            except (NoAuthError, AuthFailedError) as e:
+                raise metadata_auth_error(e, "read", ledger_path(self.root, lid), self.security) from None
             out.append(LedgerMetadata.deserialize(data, version=stat.version))
         return out

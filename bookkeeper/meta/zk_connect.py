@@ -24,7 +24,7 @@ import errno
 import enum
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -208,16 +208,18 @@ def _addresses(hosts: Iterable[tuple[str, int]]) -> tuple[dict[Address, str], di
     return names, unresolved
 
 
-def start_client(hosts: str, *, session_timeout_s: float, connect_timeout_s: float) -> KazooClient:
+def start_client(hosts: str, *, session_timeout_s: float, connect_timeout_s: float,
+                 client_factory: Callable[..., KazooClient] = KazooClient) -> KazooClient:
     """A started KazooClient for `hosts` ('h1:p1,h2:p2'), or ZooKeeperUnreachableError: at once when
     every address refused or is unreachable, after connect_timeout_s per address that does not
     answer a TCP connect, after the session timeout when a server accepts TCP but starts no
-    session."""
+    session. client_factory(hosts=, timeout=, handler=) makes it (credentials, TLS options: a
+    TLS handshake runs inside the handler's bounded connect, and fails it with its reason)."""
     names, unresolved = _addresses(collect_hosts(hosts)[0])
     attempts = _Attempts(names, unresolved, connect_timeout_s)
     if not names:
         raise attempts.error(StartVerdict.UNREACHABLE, session_timeout_s=session_timeout_s, waited_s=0.0)
-    client = KazooClient(hosts=hosts, timeout=session_timeout_s, handler=_WatchedHandler(attempts))
+    client = client_factory(hosts=hosts, timeout=session_timeout_s, handler=_WatchedHandler(attempts))
     client.add_listener(attempts.on_state)
     client.start_async()
     waited_s = max(session_timeout_s, connect_timeout_s)

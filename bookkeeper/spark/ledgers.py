@@ -16,7 +16,7 @@ import pyarrow as pa
 import bookkeeper.sync
 from bookkeeper.client import BookKeeper
 from bookkeeper.errors import BKError, DigestMismatchError, NoSuchLedgerError, UnauthorizedError
-from bookkeeper.meta.ledger_metadata import LedgerMetadata, password_digest
+from bookkeeper.meta.ledger_metadata import LedgerMetadata, check_password
 from bookkeeper.spark.options import SourceOptions, chunk_entries
 from bookkeeper.spark.planning import (Access, Bounds, LedgerRange, balance, decide_access, describe_skipped,
                                        split_ledger)
@@ -38,7 +38,7 @@ async def _wanted_ids(bk: BookKeeper, opts: SourceOptions, bounds: Bounds) -> li
 def _unreadable(md: LedgerMetadata, opts: SourceOptions) -> BKError | None:
     """Why this read's options cannot open the ledger, from its metadata alone (the executors'
     open_ledger would refuse it for the same reasons), or None."""
-    if password_digest(opts.password) != md.password_digest:
+    if not check_password(opts.password, md.password_digest):
         return UnauthorizedError("wrong password")
     if md.digest is not opts.digest:
         return DigestMismatchError(f"digest {md.digest.value.lower()}, not {opts.digest.value.lower()}")

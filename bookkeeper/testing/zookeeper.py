@@ -80,6 +80,9 @@ _JAVA_SHARE = "/usr/share/java"
 # binding makes our log4j.properties (and thus the log tail in error messages)
 # work.
 _LOGGING_JARS = ("slf4j-log4j12.jar", "log4j-1.2.jar")
+# Netty jars the manifest leaves out but NettyServerCnxnFactory (the secure client port) needs:
+# without them every TLS connection dies with NoClassDefFoundError ByteToMessageDecoder.
+_NETTY_JARS = ("netty-codec.jar", "netty-resolver.jar", "netty-transport-native-unix-common.jar")
 
 _INSTALL_HINT = "install it with `apt-get install zookeeper`"
 
@@ -161,7 +164,7 @@ def zookeeper_classpath() -> str:
 
     # Explicit jute jar: the manifest Class-Path covers it on Debian 3.8, but
     # being explicit costs nothing and protects against a stripped manifest.
-    for name in ("zookeeper-jute.jar", *_LOGGING_JARS):
+    for name in ("zookeeper-jute.jar", *_LOGGING_JARS, *_NETTY_JARS):
         path = os.path.join(_JAVA_SHARE, name)
         if os.path.isfile(path):
             entries.append(path)
@@ -282,18 +285,36 @@ class ZooKeeperServer:
         *,
         port: int | None = None,
         tick_ms: int = 500,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_client_auth: bool = False,
     ) -> None:
         """Prepare (but do not start) a server rooted at ``data_dir``.
 
         ``tick_ms`` defaults to 500 ms rather than ZooKeeper's 2000 so that
         session-expiry tests run quickly (minimum session timeout is 2 ticks).
+
+        ``tls_cert_file`` (one PEM file: the PKCS#8 private key, then the
+        certificate chain) adds a secure client port (TLS 1.3 only, Netty),
+        ``secure_port``; ``tls_ca_file`` (PEM) is the trust store for client
+        certificates, required with ``tls_client_auth``. The plain port stays
+        open for the harness's four-letter readiness checks, and
+        ``metadata_uri`` names the secure one.
         """
         if tick_ms <= 0:
             raise ValueError(f"tick_ms must be positive, got {tick_ms}")
         if port is not None and not (0 < port < 65536):
             raise ValueError(f"port out of range: {port}")
+        if tls_client_auth and not (tls_cert_file and tls_ca_file):
+            raise ValueError("tls_client_auth needs tls_cert_file and tls_ca_file")
+        if tls_ca_file and not tls_cert_file:
+            raise ValueError("tls_ca_file without tls_cert_file: the server has no certificate for its TLS port")
         self._data_dir = Path(os.path.abspath(os.fspath(data_dir)))
         self._port = port if port is not None else free_port()
+        self._tls_cert_file = os.path.abspath(os.fspath(tls_cert_file)) if tls_cert_file else None
+        self._tls_ca_file = os.path.abspath(os.fspath(tls_ca_file)) if tls_ca_file else None
+        self._tls_client_auth = tls_client_auth
+        self._secure_port = free_port() if tls_cert_file else None
         self._tick_ms = tick_ms
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()
@@ -305,6 +326,11 @@ class ZooKeeperServer:
     def port(self) -> int:
         """Client port on 127.0.0.1."""
         return self._port
+
+    @property
+    def secure_port(self) -> int | None:
+        """The TLS client port on 127.0.0.1, or None when the server was made without a certificate."""
+        return self._secure_port
 
     @property
     def pid(self) -> int | None:
@@ -334,11 +360,19 @@ class ZooKeeperServer:
         """The generated zoo.cfg."""
         return self._data_dir / "zoo.cfg"
 
-    def metadata_uri(self, root: str = "/ledgers") -> str:
-        """BookKeeper ``metadataServiceUri`` for this server, e.g. ``zk://127.0.0.1:2181/ledgers``."""
+    def metadata_uri(self, root: str = "/ledgers", *, tls: bool | None = None) -> str:
+        """BookKeeper ``metadataServiceUri`` for this server, e.g. ``zk://127.0.0.1:2181/ledgers``;
+        ``zk+tls://127.0.0.1:<secure_port>/ledgers`` for the TLS port (the default when the
+        server has one; ``tls=False`` names the plain port)."""
         if not root.startswith("/"):
             root = "/" + root
-        return f"zk://{_LOOPBACK}:{self._port}{root}"
+        if tls is None:
+            tls = self._secure_port is not None
+        if not tls:
+            return f"zk://{_LOOPBACK}:{self._port}{root}"
+        if self._secure_port is None:
+            raise ValueError("this ZooKeeperServer has no TLS port (make it with tls_cert_file)")
+        return f"zk+tls://{_LOOPBACK}:{self._secure_port}{root}"
 
     def is_running(self) -> bool:
         """True while the JVM process is alive (not necessarily serving)."""
@@ -363,6 +397,7 @@ class ZooKeeperServer:
                 "maxClientCnxns=0",
                 "admin.enableServer=false",
                 "4lw.commands.whitelist=*",
+                *self._tls_lines(),
                 "",
             ]
         )
@@ -370,6 +405,28 @@ class ZooKeeperServer:
         log4j = self._data_dir / "log4j.properties"
         log4j.write_text(_LOG4J_PROPERTIES, encoding="utf-8")
         return log4j
+
+    def _tls_lines(self) -> list[str]:
+        """zoo.cfg lines of the secure client port: Netty (the only factory with TLS), PEM key
+        and trust stores (3.8 reads PEM), TLS 1.3 only with its own cipher suites (3.8.0's
+        default suite list names only TLS 1.2 ones: a 1.3-only port refuses every handshake
+        with "No appropriate protocol" without them)."""
+        if self._secure_port is None:
+            return []
+        lines = [
+            f"secureClientPort={self._secure_port}",
+            f"secureClientPortAddress={_LOOPBACK}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={_prop_escape(str(self._tls_cert_file))}",
+            "ssl.keyStore.type=PEM",
+            "ssl.protocol=TLSv1.3",
+            "ssl.enabledProtocols=TLSv1.3",
+            "ssl.ciphersuites=TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256",
+            f"ssl.clientAuth={'need' if self._tls_client_auth else 'none'}",
+        ]
+        if self._tls_ca_file:
+            lines += [f"ssl.trustStore.location={_prop_escape(self._tls_ca_file)}", "ssl.trustStore.type=PEM"]
+        return lines
 
     def _command(self, log4j: Path) -> list[str]:
         """The java command line (no shell involved)."""
