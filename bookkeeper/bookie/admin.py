@@ -5,7 +5,10 @@ readiness, the maintenance switch, info, garbage collection and auto-recovery st
 Lives in: the supervisor process, a WSGI server on a bounded pool of threads (a GC an
 operator waits on must not hold up a scrape, and a flood of requests must not grow threads
 without bound: over ADMIN_THREADS running and ADMIN_QUEUE waiting, a connection is answered
-503 and closed). Routes (docs/api.md section 10):
+503 and closed; over TLS it is closed unanswered, as answering needs a handshake the accepting
+thread must not wait for). TLS, authentication and roles: bookkeeper/bookie/admin_security.py
+(HTTPS whenever the bookie's `tls` is not off; liveness open, GETs `read`, the rest `admin`).
+Routes (docs/api.md section 10):
   GET  /heartbeat                     "OK"
   GET  /metrics                       Prometheus text: every shard's metrics labelled shard,
                                       the bookie's own (state, disks, shards up, restarts)
@@ -25,8 +28,10 @@ without bound: over ADMIN_THREADS running and ADMIN_QUEUE waiting, a connection 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,10 +39,13 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from bookkeeper.bookie.admin_security import (OPEN_ROUTES, AdminGuard, AdminTLS, NoCredential, PlainHTTPOnTLS,
+                                              Refusals, required_role)
 from bookkeeper.bookie.metrics import PREFIX, families
 from bookkeeper.bookie.state import READONLY, measure_dir
+from bookkeeper.errors import AuthenticationError, AuthorizationError
 from bookkeeper.meta.underreplication import UnderReplicationManager
 
 if TYPE_CHECKING:
@@ -48,6 +56,9 @@ ADMIN_THREADS = 8  # requests served at once (a forced GC holds one for its whol
 ADMIN_QUEUE = 256  # requests accepted and waiting for a thread; more are answered 503
 REQUEST_TIMEOUT_S = 30.0  # a peer that sends nothing for this long gives its thread back
 MAX_BODY_BYTES = 4096  # a request body (the read-only switch's is a few bytes)
+PEERCERT = "bookkeeper.peercert"  # the environ key of a TLS peer's verified certificate (None: none)
+PROMETHEUS_TEXT = "text/plain; version=0.0.4"
+log = logging.getLogger("bookkeeper.bookie")
 _GC_SUMS = ("ledgers_deleted", "logs_compacted", "logs_deleted", "entries_copied", "bytes_copied",
             "bytes_reclaimed")
 
@@ -55,8 +66,9 @@ _GC_SUMS = ("ledgers_deleted", "logs_compacted", "logs_deleted", "entries_copied
 class BookieCollector:
     """A prometheus_client collector that asks the shards at scrape time."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: Supervisor, refusals: Refusals) -> None:
         self.sup = sup
+        self.refusals = refusals
 
     def collect(self) -> Iterator[Metric]:
         sup = self.sup
@@ -86,6 +98,11 @@ class BookieCollector:
                                        "ZooKeeper writes the auditor in this bookie made")
             writes.add_metric([], status.get("auditor_zk_writes", 0))
             yield writes
+        refused = CounterMetricFamily(PREFIX + "admin_http_refused_total",
+                                      "admin HTTP requests refused, by reason", labels=["reason"])
+        for reason, n in self.refusals.snapshot().items():
+            refused.add_metric([reason], n)
+        yield refused
 
 
 def state_report(sup: Supervisor) -> dict[str, Any]:
@@ -205,12 +222,15 @@ _ANSWERS: dict[tuple[str, str], Answer] = {
 class _PooledWSGIServer(WSGIServer):
     """A WSGI server whose requests run on a fixed pool of threads, with at most ADMIN_QUEUE
     waiting: socketserver's ThreadingMixIn starts a thread per connection, so a flood (or peers
-    that connect and send nothing) would grow threads without bound."""
+    that connect and send nothing) would grow threads without bound. With `tls` set, each
+    connection's handshake runs on its worker thread, with the request's deadline."""
 
     request_queue_size = 128  # the listen backlog: a burst of askers is not made to retry SYNs
+    tls: AdminTLS | None = None
 
     def server_activate(self) -> None:
         super().server_activate()
+        self.refusals = Refusals()
         self._waiting: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
         self._slots = threading.BoundedSemaphore(ADMIN_THREADS + ADMIN_QUEUE)
         for i in range(ADMIN_THREADS):  # daemon threads: a GC in progress does not hold up the bookie's exit
@@ -218,7 +238,9 @@ class _PooledWSGIServer(WSGIServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            _refuse_busy(request)
+            self.refusals.count("busy")
+            if self.tls is None:
+                _refuse_busy(request)
             self.shutdown_request(request)
             return
         self._waiting.put((request, client_address))
@@ -227,12 +249,31 @@ class _PooledWSGIServer(WSGIServer):
         while (job := self._waiting.get()) is not None:
             request, client_address = job
             try:
-                self.finish_request(request, client_address)
+                request = self._secure(request, client_address)
+                if request is not None:
+                    self.finish_request(request, client_address)
             except Exception:
                 self.handle_error(request, client_address)
             finally:
-                self.shutdown_request(request)
+                if request is not None:
+                    self.shutdown_request(request)
                 self._slots.release()
+
+    def _secure(self, sock: socket.socket, client_address: Any) -> socket.socket | None:
+        """The connection to serve: `sock` in plain text, its TLS wrapping after a handshake;
+        None when refused (counted, closed)."""
+        if self.tls is None:
+            return sock
+        try:
+            return self.tls.accept(sock, timeout_s=REQUEST_TIMEOUT_S)
+        except PlainHTTPOnTLS:
+            self.refusals.count("plain_http")
+            _refuse_plain(sock)
+        except (ssl.SSLError, OSError) as e:
+            self.refusals.count("tls_handshake")
+            log.debug("admin HTTP: TLS handshake with %s failed: %s", client_address[0], e)
+        sock.close()
+        return None
 
     def server_close(self) -> None:
         super().server_close()
@@ -244,50 +285,114 @@ def _refuse_busy(request: socket.socket) -> None:
     """503 written straight to a connection no thread can take (a few bytes into an empty send
     buffer: it does not block the accepting thread)."""
     body = json.dumps({"error": f"admin HTTP busy: {ADMIN_THREADS + ADMIN_QUEUE} requests in progress"}).encode()
-    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body) + 1}\r\nConnection: close\r\n\r\n").encode()
     try:
         request.setblocking(False)
-        request.send(head + body + b"\n")
+        request.send(_plain_answer("503 Service Unavailable", body))
     except OSError:
         pass  # the peer is gone or not reading: closing it is all that is left
 
 
+def _refuse_plain(sock: socket.socket) -> None:
+    """400 in plain text to a plain HTTP request on the TLS port, saying to use HTTPS (a
+    reset would leave the caller guessing). Its request is read first, so that closing with
+    unread bytes does not reset the connection before the answer is taken."""
+    body = json.dumps({"error": "this admin HTTP serves HTTPS only (tls is on at this bookie): use https:// "
+                                "with the CA of the bookie's certificate (bk: BK_TLS_CA_FILE)"}).encode()
+    try:
+        sock.recv(MAX_BODY_BYTES * 16)
+        sock.sendall(_plain_answer("400 Bad Request", body))
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the peer is gone: nothing to tell it
+
+
+def _plain_answer(status: str, body: bytes) -> bytes:
+    head = (f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) + 1}\r\nConnection: close\r\n\r\n").encode()
+    return head + body + b"\n"
+
+
 class _Quiet(WSGIRequestHandler):
+    """No request log (a request line can carry anything; headers hold tokens); the TLS peer's
+    verified certificate, if it gave one, in the environ for mtls."""
+
     timeout = REQUEST_TIMEOUT_S
 
     def log_message(self, *args: Any) -> None:
         pass
 
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            environ[PEERCERT] = self.connection.getpeercert() or None
+            environ["wsgi.url_scheme"] = "https"
+        return environ
+
 
 def start_admin_http(sup: Supervisor) -> WSGIServer:
-    """Serve the admin routes on the bookie's http_port (bind_address), on a bounded pool."""
+    """Serve the admin routes on the bookie's http_port (bind_address), on a bounded pool,
+    over TLS unless the bookie's `tls` is off, authenticated as the bookie's clients are."""
+    cfg = sup.cfg
+    guard = AdminGuard.from_config(cfg)
+    tls = AdminTLS(cfg, ask_client_cert=guard.client_certs_asked) if cfg.tls != "off" else None
+    refusals = Refusals()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BookieCollector(sup))  # type: ignore[arg-type]
+    registry.register(BookieCollector(sup, refusals))  # type: ignore[arg-type]
     gc = OneGcAtATime()
     answers: dict[tuple[str, str], Answer] = {**_ANSWERS, ("POST", GC_PATH): gc, ("PUT", GC_PATH): gc}
+    known = {("GET", "/metrics"), ("PUT", READONLY_PATH), *_REPORTS, *answers}
+
+    def serve(method: str, path: str, environ: dict[str, Any]) -> tuple[str, bytes, str]:
+        key = (method, path)
+        if key == ("GET", "/metrics"):
+            return "200 OK", generate_latest(registry), PROMETHEUS_TEXT
+        if key in _REPORTS:
+            return _json_body("200 OK", _REPORTS[key](sup))
+        if key in answers:
+            return _json_body(*answers[key](sup))
+        return _json_body(*_with_body(environ, lambda body: set_readonly_switch(sup, body)))
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         if path == "/heartbeat":
             return _reply(start_response, "200 OK", b"OK\n", "text/plain")
-        if path == "/metrics":
-            return _reply(start_response, "200 OK", generate_latest(registry), "text/plain; version=0.0.4")
-        key = (method, path)
-        if key in _REPORTS:
-            return _json(start_response, "200 OK", _REPORTS[key](sup))
-        if key in answers:
-            return _json(start_response, *answers[key](sup))
-        if key == ("PUT", READONLY_PATH):
-            return _json(start_response, *_with_body(environ, lambda body: set_readonly_switch(sup, body)))
-        if any(p == path for _m, p in [*_REPORTS, *answers]):
-            return _json(start_response, "405 Method Not Allowed", {"error": f"{method} not allowed on {path}"})
-        return _json(start_response, "404 Not Found", {"error": f"no route {path}"})
+        principal = None
+        if path not in OPEN_ROUTES:
+            try:
+                principal = guard.authenticate(environ.get("HTTP_AUTHORIZATION"), environ.get(PEERCERT))
+            except AuthenticationError as e:
+                refusals.count("no_credential" if isinstance(e, NoCredential) else "bad_credential")
+                return _unauthenticated(start_response, e, bearer=guard.takes_bearer)
+        if (method, path) not in known:
+            if any(p == path for _m, p in known):
+                return _json(start_response, "405 Method Not Allowed", {"error": f"{method} not allowed on {path}"})
+            return _json(start_response, "404 Not Found", {"error": f"no route {path}"})
+        role = required_role(method, path)
+        if principal is not None and role is not None:
+            try:
+                guard.authorize(principal, role)
+            except AuthorizationError as e:
+                refusals.count("forbidden")
+                return _json(start_response, "403 Forbidden", {"error": str(e), "principal": principal, "role": role})
+        status, body, ctype = serve(method, path, environ)
+        return _reply(start_response, status, body, ctype)
 
-    server = make_server(sup.cfg.bind_address or "0.0.0.0", sup.cfg.http_port, app,
+    server = make_server(cfg.bind_address or "0.0.0.0", cfg.http_port, app,
                          server_class=_PooledWSGIServer, handler_class=_Quiet)
+    server.refusals, server.tls = refusals, tls  # before serving: the workers read them per connection
     threading.Thread(target=server.serve_forever, daemon=True, name="admin-http").start()
     return server
+
+
+def _unauthenticated(start_response: Any, e: AuthenticationError, *, bearer: bool) -> list[bytes]:
+    """401 with the reason (which never repeats the credential) and, where tokens are taken,
+    the challenge RFC 6750 asks for."""
+    body = json.dumps({"error": f"not authenticated: {e}"}).encode() + b"\n"
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    if bearer:
+        headers.append(("WWW-Authenticate", 'Bearer realm="bookkeeper admin"'))
+    start_response("401 Unauthorized", headers)
+    return [body]
 
 
 def _with_body(environ: dict[str, Any],
@@ -307,5 +412,9 @@ def _reply(start_response: Any, status: str, body: bytes, ctype: str) -> list[by
     return [body]
 
 
+def _json_body(status: str, obj: Any) -> tuple[str, bytes, str]:
+    return status, json.dumps(obj).encode() + b"\n", "application/json"
+
+
 def _json(start_response: Any, status: str, obj: Any) -> list[bytes]:
-    return _reply(start_response, status, json.dumps(obj).encode() + b"\n", "application/json")
+    return _reply(start_response, *_json_body(status, obj))
