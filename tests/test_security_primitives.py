@@ -252,6 +252,7 @@ def test_construction_errors_name_the_file_and_reason(ca: TestPKI, tmp_path: Pat
         (dict(server_side=True, cert_file=cert, key_file=key, ca_file=None, client_auth=True), "tls_client_auth"),
         (dict(server_side=True, cert_file=missing, key_file=key, ca_file=None), f"{missing}: cannot be read"),
         (dict(server_side=True, cert_file=str(garbage), key_file=key, ca_file=None), f"{garbage}: no PEM certificate"),
+        (dict(server_side=True, cert_file=cert, key_file=missing, ca_file=None), f"key {missing}: cannot be read"),
         (dict(server_side=True, cert_file=cert, key_file=other_key, ca_file=None), "key does not match"),
         (dict(server_side=True, cert_file=cert, key_file=str(garbage), ca_file=None), f"key {garbage}: not a usable"),
         (dict(server_side=False, cert_file=None, key_file=None, ca_file=str(garbage)), f"CA file {garbage}: no PEM"),

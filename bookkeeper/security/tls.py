@@ -52,16 +52,14 @@ def _load_cert_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str) -> None
     """Load a certificate and its key, naming which file is wrong when it fails."""
     try:
         ctx.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as e:
-        raise LoadError(f"{e.filename}: does not exist") from None
     except ssl.SSLError as e:
         if e.reason == "KEY_VALUES_MISMATCH":
             raise LoadError(f"certificate {cert_file} and key {key_file}: the key does not match the certificate"
                             ) from None
         raise LoadError(f"key {key_file}: not a usable unencrypted PEM private key for certificate {cert_file} "
                         f"({e.reason or e})") from None
-    except OSError as e:
-        raise LoadError(f"certificate {cert_file} or key {key_file}: {e.strerror or e}") from None
+    except OSError as e:  # the certificate was just read: the key it is
+        raise LoadError(f"key {key_file}: cannot be read: {e.strerror or e}") from None
 
 
 def _load_ca(ctx: ssl.SSLContext, ca_file: str) -> None:
