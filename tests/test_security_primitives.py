@@ -891,3 +891,12 @@ def test_bk_tls_and_bk_token_commands(tmp_path: Path, capsys: pytest.CaptureFixt
                         (["tls", "client", "--ca-dir", str(tmp_path / "nope"), "--principal", "a"], "CA certificate")]:
         with pytest.raises(ConfigError, match=words):
             _bk(argv)
+
+
+def test_test_pki_without_trustme_makes_its_ca_with_pki(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bk bench cluster --tls` uses TestPKI in installs without the test requirements."""
+    monkeypatch.setitem(sys.modules, "trustme", None)  # `import trustme` raises ImportError
+    own = TestPKI(str(tmp_path / "pki"), organization="no trustme")
+    assert "Subject: CN = no trustme" in _openssl_text(own.ca_file)
+    hs = Handshake(server_tls(own).context, client_tls(own.ca_file).context)
+    assert hs.ok and hs.client_peer is not None and bookie_ids_of(hs.client_peer) == [BOOKIE]

@@ -5,6 +5,9 @@ bookie's certificate must carry the SAN URI `bookie://HOST:PORT`. So the CA is t
 key written next to it, 0600) and every leaf comes from bookkeeper.security.pki, the code
 `bk tls` runs, signed with that key: tests exercise the certificates operators get.
 
+Where trustme is not installed (it is a test requirement; `bk bench cluster --tls` runs in a
+user's install too) the CA comes from `pki.make_ca` instead: the same kind of certificate.
+
 Each leaf goes to a directory of its own (`dir/leaf-N/`), so a new certificate for the same
 bookie never overwrites one a running bookie holds; `install` then puts a pair in place by
 rename, as an operator's roll would.
@@ -15,8 +18,6 @@ import itertools
 import os
 import shutil
 from collections.abc import Sequence
-
-import trustme
 
 from bookkeeper.security import pki
 
@@ -29,13 +30,7 @@ class TestPKI:
     def __init__(self, dir: str, *, organization: str = "bookkeeper tests") -> None:  # noqa: A002
         self.dir = str(dir)
         os.makedirs(self.dir, exist_ok=True)
-        ca = trustme.CA(organization_name=organization)
-        self.ca_file = os.path.join(self.dir, "ca.pem")
-        self.ca_key_file = os.path.join(self.dir, "ca-key.pem")
-        ca.cert_pem.write_to_path(self.ca_file)
-        fd = os.open(self.ca_key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(ca.private_key_pem.bytes())
+        self.ca_file, self.ca_key_file = _make_ca(self.dir, organization)
         self._leaves = itertools.count(1)
         self._others = itertools.count(1)
 
@@ -77,6 +72,21 @@ class TestPKI:
                 with open(ca.ca_file, "rb") as f:
                     out.write(f.read())
         return path
+
+
+def _make_ca(dir: str, organization: str) -> tuple[str, str]:  # noqa: A002
+    """(ca.pem, ca-key.pem) in `dir`: trustme's CA, or pki's without trustme."""
+    try:
+        import trustme
+    except ImportError:
+        return pki.make_ca(dir, common_name=organization)
+    ca = trustme.CA(organization_name=organization)
+    ca_file, ca_key_file = os.path.join(dir, "ca.pem"), os.path.join(dir, "ca-key.pem")
+    ca.cert_pem.write_to_path(ca_file)
+    fd = os.open(ca_key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(ca.private_key_pem.bytes())
+    return ca_file, ca_key_file
 
 
 def install(src: str, dest: str) -> None:
