@@ -25,8 +25,9 @@ from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
 from bookkeeper.errors import (BKError, DigestMismatchError, MetadataServiceError, NotEnoughBookiesError,
                                UnauthorizedError)
-from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, password_digest
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, check_password, password_digest
 from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.meta.zk_security import zk_security_from
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class BookKeeper:
         loop = asyncio.get_running_loop()
         store = await loop.run_in_executor(
             None, functools.partial(ZkMetadataStore, metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms,
-                                    connect_timeout_s=cfg.zk_connect_timeout_s, create=False))
+                                    connect_timeout_s=cfg.zk_connect_timeout_s, create=False,
+                                    security=zk_security_from(cfg)))
         bk = cls(store, cfg, seed=seed, trust=trust)
         await bk.refresh_bookies()
         return bk
@@ -247,7 +249,8 @@ class BookKeeper:
             if recovery or md.digest is DigestType.MAC:
                 raise UnauthorizedError(f"ledger {ledger_id}: the password is needed to "
                                         f"{'recover' if recovery else 'verify its MAC digest'}")
-        elif password_digest(password) != md.password_digest:
+        elif not await self._loop.run_in_executor(None, check_password, password, md.password_digest):
+            # Off the loop: a salted digest is slow to check by design (scrypt).
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if digest is not None and DigestType(digest) is not md.digest:
             raise DigestMismatchError(f"ledger {ledger_id} uses digest {md.digest.value}, not "
