@@ -193,7 +193,7 @@ def test_a_client_certificate_cannot_serve_as_a_bookie(ca: TestPKI) -> None:
     rogue = ReloadingTLS(server_side=True, cert_file=cert, key_file=key, ca_file=None)
     hs = Handshake(rogue.context, client_tls(ca.ca_file).context)
     assert isinstance(hs.client_error, ssl.SSLCertVerificationError)
-    assert "not for this use" in describe_tls_failure(hs.client_error, peer=BOOKIE)
+    assert "not for this use (unsuitable certificate purpose)" in describe_tls_failure(hs.client_error, peer=BOOKIE)
     mtls = Handshake(server_tls(ca, client_auth=True).context, client_tls(ca.ca_file, (cert, key)).context)
     assert mtls.ok and mtls.server_peer is not None  # the same certificate as a verified client's
     with pytest.raises(AuthenticationError, match=f"bookie {BOOKIE} at {BOOKIE}: its TLS certificate names no bookie"):

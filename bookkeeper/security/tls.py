@@ -212,7 +212,8 @@ def describe_tls_failure(exc: BaseException, *, peer: str) -> str:
         if message in _UNTRUSTED:
             return f"{peer}'s certificate is not signed by a trusted CA (tls_ca_file): {message}"
         if message == "unsuitable certificate purpose":
-            return f"{peer}'s certificate is not for this use (a client certificate where a server's is needed?)"
+            return (f"{peer}'s certificate is not for this use ({message}): a client certificate where a "
+                    f"server's is needed?")
         return f"{peer}'s certificate was refused: {message}"
     reason = getattr(exc, "reason", None)
     if isinstance(exc, ssl.SSLError) and reason in _REASONS:
