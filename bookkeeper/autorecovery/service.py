@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from kazoo.protocol.states import KazooState
 
@@ -25,8 +26,12 @@ from bookkeeper.autorecovery.events import Switch, wait_any
 from bookkeeper.autorecovery.replicator import ReplicationStats
 from bookkeeper.autorecovery.worker import ReplicationWorker
 from bookkeeper.client.client import BookKeeper
+from bookkeeper.client.config import ClientConfig
 from bookkeeper.errors import BKError, ConfigError
 from bookkeeper.meta.underreplication import UnderReplicationManager
+
+if TYPE_CHECKING:
+    from bookkeeper.config import BookieConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +40,33 @@ COUNT_REFRESH_S = 5.0
 STOP_TIMEOUT_S = 30.0
 
 
+def bookie_client_trust(cfg: BookieConfig) -> dict[str, Any]:
+    """The `connect` keywords of auto-recovery running in a bookie: the bookie's own
+    credentials. Its copies read from and write to other bookies, which check their clients
+    as this bookie checks its own: TLS as the bookie's `tls` says, against its CA, with its
+    certificate as the client certificate (a bookie certificate is issued for client use too),
+    and its auth_provider with its auth_token. ConfigError (naming auto-recovery) when those
+    cannot make a client, e.g. auth_provider = "token" without the bookie's own auth_token."""
+    kwargs: dict[str, Any] = {"tls": cfg.tls, "tls_reload_interval_s": cfg.tls_reload_interval_s,
+                              "auth_provider": cfg.auth_provider, "auth_token": cfg.auth_token,
+                              "zk_auth": cfg.zk_auth}
+    if cfg.tls != "off":
+        kwargs.update(tls_ca_file=cfg.tls_ca_file, tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file)
+    try:
+        ClientConfig(**kwargs).validate()
+    except ConfigError as e:
+        raise ConfigError(f"auto-recovery connects with this bookie's credentials: {e}") from None
+    return kwargs
+
+
 class AutoRecoveryService:
     """Auto-recovery for one cluster: auditor candidate + replication worker (thread + loop)."""
 
     def __init__(self, metadata_uri: str, *, lost_bookie_delay_s: float, open_ledger_rereplication_grace_s: float,
-                 audit_interval_s: float, bookie_id: str | None = None) -> None:
+                 audit_interval_s: float, bookie_id: str | None = None,
+                 client_kwargs: Mapping[str, Any] | None = None) -> None:
+        """client_kwargs: `BookKeeper.connect` keywords of its client (trust: in a bookie,
+        bookie_client_trust(cfg); `bk autorecovery run`: the operator's client settings)."""
         if lost_bookie_delay_s < 0 or open_ledger_rereplication_grace_s < 0:
             raise ConfigError("lost_bookie_delay_s and open_ledger_rereplication_grace_s must be >= 0")
         if audit_interval_s <= 0:
@@ -49,6 +76,7 @@ class AutoRecoveryService:
         self.grace_s = open_ledger_rereplication_grace_s
         self.audit_interval_s = audit_interval_s
         self.bookie_id = bookie_id  # the bookie it runs in (None: `bk autorecovery run`): the auditor's name
+        self.client_kwargs = dict(client_kwargs or {})
         self.auditor_stats = AuditorStats()
         self.replication_stats = ReplicationStats()
         self._switch: Switch | None = None
@@ -107,7 +135,7 @@ class AutoRecoveryService:
     async def _serve(self, stop: asyncio.Event) -> None:
         """One client (one ZooKeeper session) running the three tasks until stop is set."""
         loop = asyncio.get_running_loop()
-        bk = await BookKeeper.connect(self.metadata_uri)
+        bk = await BookKeeper.connect(self.metadata_uri, **self.client_kwargs)
         self._connected = True
         try:
             urm = UnderReplicationManager(bk.store)

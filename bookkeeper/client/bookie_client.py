@@ -282,7 +282,7 @@ class ShardConnection:
     async def _connect(self) -> None:
         try:
             transport, session = await asyncio.wait_for(self._set_up(), self.timeout_s)
-        except AuthenticationError as e:
+        except BKError as e:  # AuthenticationError, or a plug-in that cannot be framed (ConfigError)
             self._fail_queued(e)
             return
         except (OSError, asyncio.TimeoutError) as e:
