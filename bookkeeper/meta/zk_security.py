@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib.util
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +87,11 @@ def kazoo_options(security: ZkSecurity, *, tls: bool) -> dict[str, Any]:
     if security.scheme == "digest":
         options["auth_data"] = [("digest", ":".join(digest_credentials(security.auth)))]
     elif security.scheme == "sasl":
-        # kazoo 2.11 takes SASL through sasl_options (pure-sasl; GSSAPI needs the gssapi package
-        # and a Kerberos ticket in the environment, e.g. KRB5CCNAME after kinit).
+        # kazoo 2.11 takes SASL through sasl_options, with pure-sasl; GSSAPI needs the gssapi
+        # package too and a Kerberos ticket in the environment (kinit, or KRB5CCNAME).
+        if importlib.util.find_spec("puresasl") is None:
+            raise ConfigError("zk_auth = 'sasl' needs the pure-sasl and gssapi packages (pip install pure-sasl "
+                              "gssapi) and a Kerberos ticket (kinit): see docs/metadata.md, ACLs")
         options["sasl_options"] = {"mechanism": "GSSAPI", "service": "zookeeper"}
     elif security.auth:
         raise ConfigError("zk_auth must be 'digest:USER:PASSWORD' or 'sasl'")
