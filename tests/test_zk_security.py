@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import io
 import json
 import os
@@ -34,8 +35,7 @@ from kazoo.security import ACL, Id, Permissions
 
 from bookkeeper.cli.zk import add_zk_parsers
 from bookkeeper.errors import ConfigError, MetadataAuthError, ZooKeeperUnreachableError
-from bookkeeper.meta.ledger_metadata import (DigestType, LedgerMetadata, LedgerState, check_password,
-                                             password_digest, scrypt_digest)
+from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState, check_password, password_digest
 from bookkeeper.meta.sealing import SealError, load_private_key, public_bytes, seal, unseal, write_private_key
 from bookkeeper.meta.streams import Segment, StreamMeta, StreamStore
 from bookkeeper.meta.underreplication import UnderReplicationManager
@@ -94,11 +94,14 @@ def test_node_acls_never_name_world() -> None:
     assert ro.startswith("ro:") and ro != "ro:pw"  # a hash, not the password
 
 
+SHA256_OF_A = hashlib.sha256(b"bookkeeper-py:a").hexdigest()  # the digest's first form
+
+
 @pytest.mark.parametrize("digest, password, ok", [
-    (password_digest(b"a"), b"a", True),          # format 1's sha256
+    (SHA256_OF_A, b"a", True),
+    (SHA256_OF_A, b"b", False),
+    (password_digest(b"a"), b"a", True),
     (password_digest(b"a"), b"b", False),
-    (scrypt_digest(b"a"), b"a", True),
-    (scrypt_digest(b"a"), b"b", False),
     ("scrypt$16384$8$1$!!$!!", b"a", False),      # damaged: matches nothing, raises nothing
     ("scrypt$x", b"a", False),
     ("", b"", False),
@@ -107,8 +110,9 @@ def test_check_password(digest: str, password: bytes, ok: bool) -> None:
     assert check_password(password, digest) is ok
 
 
-def test_scrypt_digests_are_salted() -> None:
-    assert scrypt_digest(b"a") != scrypt_digest(b"a")
+def test_digests_are_salted_scrypt() -> None:
+    one, two = password_digest(b"a"), password_digest(b"a")
+    assert one.startswith("scrypt$16384$8$1$") and one != two
 
 
 def test_seal_opens_only_with_its_key_and_for_its_ledger() -> None:

@@ -73,16 +73,9 @@ def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int) -> bytes:
 
 
 def password_digest(password: bytes) -> str:
-    """What metadata keeps of a password: enough to check it, never the password. The sha256
-    digest of format 1 while bookkeeper/client/client.py still compares digests with `!=`;
-    scrypt_digest once every comparison goes through check_password."""
-    return _legacy_digest(password)
-
-
-def scrypt_digest(password: bytes) -> str:
-    """Salted (a fresh 16-byte salt) and slow (scrypt): one who reads the metadata can neither
-    look the password up in a table nor try many guesses a second. Compare with check_password,
-    never ==."""
+    """What metadata keeps of a password: enough to check it, never the password. Salted (a
+    fresh 16-byte salt) and slow (scrypt): one who reads the metadata can neither look the
+    password up in a table nor try many guesses a second. Compare with check_password, never ==."""
     salt = os.urandom(16)
     hashed = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
     return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${base64.b64encode(salt).decode()}${base64.b64encode(hashed).decode()}"
