@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from kazoo.client import KazooClient
 from kazoo.security import ACL, Id, Permissions
 
+from bookkeeper.autorecovery.replicator import UnreplicableError
+from bookkeeper.autorecovery.replicator import _password as replicator_password
 from bookkeeper.cli.zk import add_zk_parsers
 from bookkeeper.errors import ConfigError, MetadataAuthError, ZooKeeperUnreachableError
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState, check_password, password_digest
@@ -420,3 +422,25 @@ def test_zookeeper_tls_port(zk: tuple[ZooKeeperServer, Pki]) -> None:
     with pytest.raises(ZooKeeperUnreachableError, match="certificate verify failed"):
         ZkMetadataStore(uri, create=False, session_timeout_ms=2_000,
                         security=ZkSecurity(tls_ca_file=str(pki.other_ca)))
+
+
+def test_auto_recovery_unseals_with_the_private_key_only(zk: tuple[ZooKeeperServer, Pki], tmp_path: Path) -> None:
+    """The replicator's password: unsealed by a store holding password_seal_key_file, and a
+    clear UnreplicableError naming what is missing from one that does not."""
+    seal_key = tmp_path / "seal.pem"
+    write_private_key(seal_key)
+    uri = _uri(zk, "/recovery")
+    bookie = ZkMetadataStore(uri, security=ZkSecurity(auth=ADMIN, seal_key_file=str(seal_key)))
+    client = ZkMetadataStore(uri, create=False, security=ZkSecurity(auth=ADMIN))
+    try:
+        md = client.read_ledger(client.create_ledger(_md(client)).ledger_id)
+        assert md.password is None and md.sealed_password is not None
+        assert replicator_password(md, bookie) == PASSWORD
+        with pytest.raises(UnreplicableError, match="sealed and this process holds no private key .*"
+                                                    "password_seal_key_file.*cannot be re-replicated"):
+            replicator_password(md, client)
+        with pytest.raises(UnreplicableError, match="does not match its password digest"):
+            replicator_password(md.replace(password_digest=password_digest(b"other")), bookie)
+    finally:
+        client.close()
+        bookie.close()
