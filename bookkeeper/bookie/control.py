@@ -79,6 +79,8 @@ def call(name: str, request: dict[str, Any], *, timeout_s: float = 5.0) -> dict[
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(name)
+        if peer_credentials(s)[1] != os.geteuid():  # another user took the name while the shard was down
+            raise ConnectionError(f"shard control socket {name[1:]!r} is held by another uid")
         s.sendall(json.dumps(request).encode() + b"\n")
         chunks = []
         while not chunks or not chunks[-1].endswith(b"\n"):

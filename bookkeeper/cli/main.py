@@ -26,7 +26,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bookkeeper import extras
+from bookkeeper.bookie.admin_client import AdminHTTPError, admin_error_text, admin_request, admin_trust, split_host_port
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, err, error_line, metadata_uri, out
+from bookkeeper.cli.security import add_security_parsers
 from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.errors import BKError
 
@@ -337,51 +339,19 @@ async def cmd_decommission(bk: Any, args: argparse.Namespace) -> int:
 
 def _host_port(text: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port); anything else is a usage error."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--http wants HOST:PORT (the bookie's http_port), got {text!r}")
-    return host, int(port)
-
-
-class AdminHTTPError(BKError):
-    """A bookie's admin HTTP answered with an error status: the status and the answer's
-    JSON error text (or its raw text), so a caller can tell a 409 from a failure."""
-
-    def __init__(self, url: str, status: int, reason: str) -> None:
-        super().__init__(f"{url}: HTTP {status} {reason}")
-        self.status = status
-        self.reason = reason
+    try:
+        return split_host_port(text)
+    except ValueError:
+        raise UsageError(f"--http wants HOST:PORT (the bookie's http_port), got {text!r}") from None
 
 
 def _admin_request(http: str, path: str, *, method: str = "GET", timeout_s: float) -> Any:
-    """One request to a bookie's admin HTTP (--http HOST:PORT); its JSON answer. An error
-    answer is an AdminHTTPError, an unreachable bookie a BookieUnavailableError (one line each)."""
-    import urllib.error
-    import urllib.request
-
-    from bookkeeper.errors import BookieUnavailableError
-
-    host, port = _host_port(http)
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}{path}"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"" if method != "GET" else None,
-                                                           method=method), timeout=timeout_s) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise AdminHTTPError(url, e.code, admin_error_text(e.read()[:2000])) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise BookieUnavailableError(f"cannot reach the admin HTTP at {host}:{port}: {reason}") from None
-
-
-def admin_error_text(body: bytes) -> str:
-    """An error answer's "error" field when it is JSON with one, else its text."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        return str(json.loads(text)["error"])
-    except (ValueError, KeyError, TypeError):
-        return text[:200]
+    """One request to a bookie's admin HTTP (--http HOST:PORT) with bk's trust settings:
+    BK_TLS_CA_FILE (https unless BK_TLS=off), BK_AUTH_TOKEN (a bearer token, or file:/path),
+    BK_TLS_CERT_FILE/BK_TLS_KEY_FILE (mtls). Its JSON answer; an error answer is an
+    AdminHTTPError, an unreachable bookie a BookieUnavailableError (one line each)."""
+    _host_port(http)  # a bad address is a usage error (exit 2) before anything is sent
+    return admin_request(http, method, path, timeout_s=timeout_s, **admin_trust(client_settings()))
 
 
 def _mib(nbytes: int) -> str:
@@ -823,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="package version, commit, Python, liburing, io_uring here; then exit")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_sandbox_parser, _add_bookie_parser, _add_bookies_parsers, _add_ledger_parsers, _add_bench_parser,
-                _add_autorecovery_parsers, add_stream_parsers, _add_simpletest_parser):
+                _add_autorecovery_parsers, add_stream_parsers, add_security_parsers, _add_simpletest_parser):
         add(sub, common)
     return p
 
