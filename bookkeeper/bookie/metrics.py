@@ -63,6 +63,21 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "long_polls_refused": ("counter", "long polls answered at once: unknown ledger, or the connection's "
                                       "max_long_polls_per_connection parked"),
     "idle_closed": ("counter", "connections closed after idle_timeout_s without a request or anything outstanding"),
+    "tls_handshakes": ("counter", "TLS handshakes completed (START_TLS)"),
+    "tls_handshake_failures": ("counter", "TLS handshakes that failed (untrusted or missing client certificate, "
+                                          "no common version, a peer gone or too slow)"),
+    "trust_reloads": ("counter", "TLS, token-key or roles files re-read after a change, label kind"),
+    "trust_reload_failures": ("counter", "changed TLS, token-key or roles files refused (the previous ones kept), "
+                                         "label kind"),
+    "auth_successes": ("counter", "AUTH exchanges that authenticated (renewals included)"),
+    "auth_failures": ("counter", "AUTH exchanges refused, and ops refused before authentication, label reason"),
+    "auth_expired_closed": ("counter", "connections closed because their credential expired without renewal"),
+    "unauthenticated_refused": ("counter", "connections closed at once: max_unauthenticated_connections were "
+                                           "waiting to authenticate"),
+    "auth_timeouts": ("counter", "connections closed for not authenticating within auth_timeout_s"),
+    "auth_backoff_refused": ("counter", "connections closed at once: their address is backed off after repeated "
+                                        "AUTH or TLS failures"),
+    "forbidden": ("counter", "requests answered FORBIDDEN, label role (the role the principal lacks)"),
     "add_entry_latency_seconds": ("histogram", "add request arrival to durable response"),
     "read_entry_latency_seconds": ("histogram", "read request service time (long polls excluded)"),
     "journal_sync_latency_seconds": ("histogram", "journal block write + fdatasync"),
@@ -76,6 +91,8 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
                                 "(over write_buffer_high_bytes)"),
     "write_buffer_bytes": ("gauge", "answers written but not yet taken by their peers"),
     "long_polls": ("gauge", "long polls parked"),
+    "unauthenticated_connections": ("gauge", "connections not yet authenticated"),
+    "tls_cert_expiry_days": ("gauge", "days until the bookie's TLS certificate expires (negative once expired)"),
     "journal_queue_bytes": ("gauge", "bytes waiting in the journal's filling batch"),
     "write_cache_bytes": ("gauge", "bytes in the write cache (accounted with per-entry overhead)"),
     "ledgers": ("gauge", "ledgers this shard holds"),
@@ -84,6 +101,11 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "readonly": ("gauge", "1 if this shard refuses adds (read-only or failed)"),
     "journal_pool_bytes": ("gauge", "bytes in this shard's journal pool (reuse files, spare): counted as free"),
 }
+
+
+# The metrics with a label besides `shard`: their snapshot value is {label value: number}.
+SHARD_METRIC_LABELS: dict[str, str] = {"trust_reloads": "kind", "trust_reload_failures": "kind",
+                                       "auth_failures": "reason", "forbidden": "role"}
 
 
 def shard_histograms() -> dict[str, Histogram]:
@@ -106,18 +128,23 @@ def families(snapshots: Mapping[int, Mapping[str, Any]]) -> Iterator[Metric]:
     Histogram.snapshot()}}`; names missing from a shard's snapshot are left out for it.
     """
     for name, (kind, doc) in SHARD_METRICS.items():
+        label = SHARD_METRIC_LABELS.get(name)
+        labels = ["shard", label] if label else ["shard"]
         if kind == "counter":
-            fam: Metric = CounterMetricFamily(PREFIX + name, doc, labels=["shard"])
+            fam: Metric = CounterMetricFamily(PREFIX + name, doc, labels=labels)
         elif kind == "gauge":
-            fam = GaugeMetricFamily(PREFIX + name, doc, labels=["shard"])
+            fam = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
         else:
-            fam = HistogramMetricFamily(PREFIX + name, doc, labels=["shard"])
+            fam = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
         section = {"counter": "counters", "gauge": "gauges", "histogram": "histograms"}[kind]
         for index, snap in sorted(snapshots.items()):
             value = snap.get(section, {}).get(name)
             if value is None:
                 continue
-            if kind == "histogram":
+            if label:
+                for label_value, n in sorted(value.items()):
+                    fam.add_metric([str(index), label_value], n)  # type: ignore[attr-defined]
+            elif kind == "histogram":
                 fam.add_metric([str(index)], cumulative_buckets(value), value["sum"])  # type: ignore[attr-defined]
             else:
                 fam.add_metric([str(index)], value)  # type: ignore[attr-defined]

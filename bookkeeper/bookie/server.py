@@ -45,6 +45,16 @@ from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
+from bookkeeper.bookie.trust import (
+    ANONYMOUS,
+    PRE_AUTH_FRAME_BYTES,
+    ShardTrust,
+    add_roles,
+    reason_class,
+    required_role,
+    split_auth_payload,
+)
+from bookkeeper.errors import AuthenticationError, AuthorizationError
 from bookkeeper.proto import (
     ENTRY_HEADER_BYTES,
     MAX_LEDGER_ID,
@@ -55,8 +65,12 @@ from bookkeeper.proto import (
     Status,
     encode_responses,
     entry_header,
+    parse_requests,
     shard_for_ledger,
 )
+from bookkeeper.security.auth import ServerAuthSession
+from bookkeeper.security.authz import ALL_ROLES
+from bookkeeper.security.tls import describe_tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +78,13 @@ Response = tuple[int, int, int, int, int, int, bytes]
 Poll = tuple[int, "BookieProtocol", int, int, int]  # entry, conn, request_id, number, ledger
 # Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
-_WRITE_LAC = int(Op.WRITE_LAC)
+_WRITE_LAC, _START_TLS, _AUTH = int(Op.WRITE_LAC), int(Op.START_TLS), int(Op.AUTH)
 _OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
 _FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
 _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
 _NO_REPLY = (None, None, 0.0)
 BOOKIE_INFO = struct.Struct(">QQHH")
+_U32 = struct.Struct(">I")
 LONG_POLL_MAX_MS = 60_000
 POLL_TICK_S = 0.01  # parked long polls expire in buckets this wide (at most this late)
 NEVER = 2**62
@@ -145,6 +160,20 @@ class BookieProtocol(asyncio.Protocol):
         self.polls: dict[int, int] = {}  # parked long polls: number -> ledger
         self.last_request = time.monotonic()
         self._buffered = True  # the transport keeps what the peer has not taken (a socket's)
+        # Trust (docs/protocol.md, START_TLS, AUTH, Authorization): until `open`, frames are
+        # parsed here (_pre_auth), only START_TLS and AUTH served; once open, the principal's
+        # roles are cached per policy generation, and `add_roles` tells the C add path which
+        # adds it may take (read once per receive buffer).
+        self.open = False
+        self.tls = False
+        self.peercert: dict[str, Any] | None = None
+        self.principal: str | None = None
+        self.roles: frozenset[str] = frozenset()
+        self.roles_gen = -1
+        self.add_roles = 0
+        self._tls_offer = False  # open, plain, nothing received yet, and the bookie offers TLS
+        self._auth: ServerAuthSession | None = None  # an AUTH exchange under way
+        self._expiry: asyncio.TimerHandle | None = None  # the credential's expiry
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -156,10 +185,17 @@ class BookieProtocol(asyncio.Protocol):
             transport.set_write_buffer_limits(high=self.shard.bounds.write_buffer_high_bytes)  # type: ignore[attr-defined]
         except NotImplementedError:  # an in-process driver's transport (tests, bk bench shard): no buffer
             self._buffered = False
+        trust = self.shard.trust
+        if not trust.gated:
+            self._authenticated(ANONYMOUS, None)
+            self._tls_offer = trust.tls is not None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.held.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self.shard.unauthenticated.discard(self)
         self.shard.connections.discard(self)
         self.shard.paused.discard(self)
         self.shard.write_paused.discard(self)
@@ -199,6 +235,20 @@ class BookieProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refusing:
             return
+        if not self.open:
+            return self._pre_auth(data)
+        if self._tls_offer:
+            self._buf += data
+            if len(self._buf) < 6:  # the first frame's op byte decides
+                return
+            self._tls_offer = False
+            if self._buf[5] == _START_TLS:
+                self.open = False  # until the handshake: nothing else may come meanwhile
+                return self._pre_auth(b"")
+            data = bytes(self._buf)
+            self._buf.clear()
+        if self.roles_gen != self.shard.trust.authz.generation:
+            self._refresh_roles()
         now = self.shard.now = self.last_request = time.monotonic()  # every request's arrival time
         bad: FrameError | None
         if self._buf:
@@ -214,15 +264,197 @@ class BookieProtocol(asyncio.Protocol):
         if bad is None:
             self.shard.apply_backpressure(self)
             return
+        self.bad_frame(bad)
+
+    def bad_frame(self, bad: FrameError) -> None:
+        """A frame that can never parse, or one the protocol forbids where it came: counted,
+        logged, the connection closed once what came before it is answered."""
         self.shard.counters["bad_frames"] += 1
         log.info("closing connection %s: %s", self.peer, bad)
+        self._close_after_answers()
+
+    def _close_after_answers(self) -> None:
+        """Read no more; close once every answer owed (adds not yet durable included) is sent."""
         self._refusing = True
         if self.transport is not None:
             self.transport.pause_reading()
-        asyncio.get_running_loop().create_task(self._close_when_answered())
+        self.flush()
+        if self.open:  # adds or fences of it may wait in the journal
+            asyncio.get_running_loop().create_task(self._close_when_answered())
+        else:
+            self.close()
+
+    # -- trust: before the connection is open ---------------------------------------
+    def _pre_auth(self, data: bytes) -> None:
+        """Frames of a connection not yet open: one at a time, each at most
+        PRE_AUTH_FRAME_BYTES, only START_TLS and AUTH served (anything else: AUTHENTICATION,
+        then closed). Once AUTH opens it, what follows goes to the add path."""
+        self._buf += data
+        self.shard.now = self.last_request = time.monotonic()
+        buf = self._buf
+        while not self.open and not self._refusing and len(buf) >= 4:
+            flen = _U32.unpack_from(buf)[0] + 4
+            if flen > PRE_AUTH_FRAME_BYTES:
+                return self.bad_frame(FrameError(f"a {flen}-byte frame before authentication "
+                                                 f"(at most {PRE_AUTH_FRAME_BYTES})"))
+            if len(buf) < flen:
+                break
+            try:
+                frames, _used = parse_requests(bytes(buf[:flen]), PRE_AUTH_FRAME_BYTES)
+            except FrameError as e:
+                return self.bad_frame(e)
+            del buf[:flen]
+            frame = frames[0]
+            if frame[0] == _START_TLS:
+                if buf:
+                    return self.bad_frame(FrameError("a frame after START_TLS in the same receive buffer"))
+                self.start_tls(frame)
+            elif frame[0] == _AUTH:
+                self.auth_round(frame)
+            else:
+                self._refuse_unauthenticated(frame)
+        self.flush()
+        if self.open and buf and not self._refusing:
+            rest = bytes(buf)
+            buf.clear()
+            self.data_received(rest)
+
+    def _gate_reason(self) -> str:
+        trust = self.shard.trust
+        if trust.tls_mode == "require" and not self.tls:
+            return "TLS required (tls = require on this bookie)"
+        name = trust.provider.name if trust.provider is not None else "none"
+        return f"authentication required (auth_provider = {name} on this bookie)"
+
+    def _refuse_unauthenticated(self, frame: tuple[Any, ...]) -> None:
+        """An op other than START_TLS or AUTH before the connection is open."""
+        reason = self._gate_reason()
+        self.shard.auth_refused(self, reason_class(reason), offence=False)
+        self.respond((frame[0], Status.AUTHENTICATION, frame[2], frame[3], frame[4], -1, reason.encode()))
+        self._close_after_answers()
+
+    def start_tls(self, frame: tuple[Any, ...]) -> None:
+        """START_TLS: UNKNOWN_OP on a bookie with tls = off; else OK, then the handshake with
+        the context current now. Only as a connection's first frame (docs/protocol.md)."""
+        tls = self.shard.trust.tls
+        if tls is None:
+            self.respond((_START_TLS, Status.UNKNOWN_OP, frame[2], frame[3], frame[4], -1, b""))
+            return
+        if self.tls or self.open:
+            return self.bad_frame(FrameError("START_TLS is only a plain connection's first frame"))
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.respond((_START_TLS, _OK, frame[2], frame[3], frame[4], -1, b""))
+        self.flush()
+        self._refusing = True  # nothing is read until the handshake is done
+        asyncio.get_running_loop().create_task(self._upgrade(tls.context))
+
+    async def _upgrade(self, context: Any) -> None:
+        raw = self.transport
+        assert raw is not None
+        try:
+            transport = await asyncio.get_running_loop().start_tls(
+                raw, self, context, server_side=True, ssl_handshake_timeout=self.shard.trust.auth_timeout_s)
+        except (OSError, EOFError) as e:  # ssl.SSLError, a reset, the handshake's timeout
+            self.shard.tls_failed(self, e)
+            raw.close()
+            self.connection_lost(None)
+            return
+        if transport is None or self.closed:  # timed out or shut down meanwhile
+            if transport is not None:
+                transport.close()
+            return
+        self.transport = transport
+        self.tls = True
+        self._refusing = False
+        self.peercert = transport.get_extra_info("peercert") or None
+        transport.set_write_buffer_limits(high=self.shard.bounds.write_buffer_high_bytes)
+        self.shard.counters["tls_handshakes"] += 1
+        if self.shard.trust.provider is None:
+            self._authenticated(ANONYMOUS, None)
+
+    def auth_round(self, frame: tuple[Any, ...]) -> None:
+        """One AUTH frame: a round of an exchange (the first names the plug-in), before the
+        connection is open or, renewing its credential, after. A failure answers
+        AUTHENTICATION with the reason and closes the connection."""
+        _op, _flags, req_id, ledger_id, entry_id, _key, _aux, payload, _lac = frame
+        trust = self.shard.trust
+        provider = trust.provider
+        if provider is None:
+            return self.respond((_AUTH, Status.UNKNOWN_OP, req_id, ledger_id, entry_id, -1, b""))
+        if trust.tls_mode == "require" and not self.tls:
+            return self._auth_failed(frame, self._gate_reason())
+        try:
+            name, body = split_auth_payload(payload)
+        except ValueError as e:
+            return self._auth_failed(frame, str(e))
+        if self._auth is None:
+            if name != provider.name:
+                return self._auth_failed(frame, f"unknown plug-in {name!r} (this bookie uses {provider.name})")
+            self._auth = provider.new_session(self.peercert)
+        try:
+            step = self._auth.step(body)
+        except AuthenticationError as e:
+            return self._auth_failed(frame, str(e))
+        except Exception as e:  # a plug-in's bug refuses this peer, never takes the shard down
+            log.exception("auth plug-in %s failed", provider.name)
+            return self._auth_failed(frame, f"the {provider.name} plug-in failed: {type(e).__name__}")
+        if not step.done:
+            return self.respond((_AUTH, _OK, req_id, ledger_id, 0, -1, step.reply))
+        self._auth = None
+        if not step.principal:
+            return self._auth_failed(frame, f"the {provider.name} plug-in named no principal")
+        self.shard.counters["auth_successes"] += 1
+        self._authenticated(step.principal, step.expires_at)
+        self.respond((_AUTH, _OK, req_id, ledger_id, 1, -1, step.reply or step.principal.encode()))
+
+    def _auth_failed(self, frame: tuple[Any, ...], reason: str) -> None:
+        self._auth = None
+        self.shard.auth_refused(self, reason_class(reason), offence=True)
+        log.debug("closing connection %s: AUTH refused: %s", self.peer, reason)
+        self.respond((_AUTH, Status.AUTHENTICATION, frame[2], frame[3], frame[4], -1, reason.encode()))
+        self._close_after_answers()
+
+    def _authenticated(self, principal: str, expires_at: float | None) -> None:
+        """Open the connection for `principal` (or renew it): its roles, its expiry."""
+        self.principal = principal
+        self._refresh_roles()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if expires_at is not None:
+            self._expiry = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expired)
+        if not self.open:
+            self.open = True
+            self.shard.unauthenticated.discard(self)
+
+    def _expired(self) -> None:
+        """The credential expired without a renewal: closed, counted."""
+        self._expiry = None
+        self.shard.counters["auth_expired_closed"] += 1
+        log.info("closing connection %s: the credential of %r expired without renewal", self.peer, self.principal)
+        self.close()
+
+    def _refresh_roles(self) -> None:
+        authz = self.shard.trust.authz
+        self.roles = authz.roles(self.principal or ANONYMOUS)
+        self.add_roles = add_roles(self.roles)
+        self.roles_gen = authz.generation
+
+    def forbidden(self, frame: tuple[Any, ...], role: str) -> bool:
+        """Whether the principal lacks `role` (then answered FORBIDDEN naming both, counted);
+        asked only when its cached roles lack it, so the policy has the last word."""
+        try:
+            self.shard.trust.authz.check(self.principal or ANONYMOUS, role)
+        except AuthorizationError as e:
+            self.shard.forbidden[role] += 1
+            self.respond((frame[0], Status.FORBIDDEN, frame[2], frame[3], frame[4], -1, str(e).encode()))
+            return True
+        self._refresh_roles()
+        return False
 
     async def _close_when_answered(self) -> None:
-        """Close once the adds accepted before a bad frame are durable and answered."""
+        """Close once the adds accepted before a refusal are durable and answered."""
         journal = self.shard.journal
         if journal is not None:
             await journal.drain()
@@ -259,8 +491,14 @@ class BookieProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.shard.unauthenticated.discard(self)
         if self.transport is not None:
             self.transport.close()
+
+
+def _host_of(peer: Any) -> str | None:
+    """The address part of a peername (None for an in-process transport)."""
+    return peer[0] if isinstance(peer, tuple) and peer else None
 
 
 class ShardServer:
@@ -268,7 +506,8 @@ class ShardServer:
 
     def __init__(self, *, storage: LedgerStorage, shard_index: int, shards: int,
                  max_frame_bytes: int, readonly: bool, data_dir: str,
-                 write_cache_max_bytes: int = 64 << 20, bounds: PeerBounds = PeerBounds()) -> None:
+                 write_cache_max_bytes: int = 64 << 20, bounds: PeerBounds = PeerBounds(),
+                 trust: ShardTrust | None = None) -> None:
         self.storage = storage
         self.write_cache_max_bytes = write_cache_max_bytes
         self.journal: Journal | None = None
@@ -279,13 +518,20 @@ class ShardServer:
         self.readonly_reason: str | None = "readonly = true in the configuration" if readonly else None
         self.data_dir = data_dir
         self.bounds = bounds
+        self.trust = trust if trust is not None else ShardTrust()
         self.connections: set[BookieProtocol] = set()
+        self.unauthenticated: set[BookieProtocol] = set()  # not yet open: at most trust.max_unauthenticated
+        self._auth_deadlines: deque[tuple[float, BookieProtocol]] = deque()  # arrival order = deadline order
+        self._auth_sweep: asyncio.TimerHandle | None = None
+        self.auth_failures: dict[str, int] = defaultdict(int)  # by reason class (trust.reason_class)
+        self.forbidden: dict[str, int] = defaultdict(int)  # by the role lacked
         self.paused: set[BookieProtocol] = set()  # not read: the shard is over its memory bounds
         self.write_paused: set[BookieProtocol] = set()  # not read: their answers are not being read
         self._refusal_logged = -REFUSAL_LOG_INTERVAL_S
         self._idle_sweep: asyncio.TimerHandle | None = None
         # per op code, "bad_frames", "add_errors", "fence", "connections_refused", "long_polls_refused",
-        # "idle_closed"
+        # "idle_closed", "tls_handshakes", "tls_handshake_failures", "auth_successes", "auth_expired_closed",
+        # "unauthenticated_refused", "auth_timeouts", "auth_backoff_refused"
         self.counters: dict[int | str, int] = defaultdict(int)
         self.histograms = shard_histograms()
         self._add_latency = self.histograms["add_entry_latency_seconds"]
@@ -312,19 +558,74 @@ class ShardServer:
 
     # -- peers -----------------------------------------------------------------
     def admit(self, conn: BookieProtocol) -> bool:
-        """Take a new connection unless max_connections are open (then count and log it)."""
+        """Take a new connection unless max_connections are open, its address is backed off,
+        or (when it must authenticate) max_unauthenticated_connections are waiting; each
+        refusal counted, logged once per REFUSAL_LOG_INTERVAL_S."""
+        trust = self.trust
         if len(self.connections) >= self.bounds.max_connections:
-            self.counters["connections_refused"] += 1
-            now = time.monotonic()
-            if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:
-                self._refusal_logged = now
-                log.warning("refusing connections: %d open, max_connections = %d (%d refused so far)",
-                            len(self.connections), self.bounds.max_connections, self.counters["connections_refused"])
-            return False
+            return self._refuse("connections_refused", f"{len(self.connections)} open, max_connections = "
+                                f"{self.bounds.max_connections}")
+        host = _host_of(conn.peer)
+        if len(trust.backoff) and host is not None and trust.backoff.blocked(host, time.monotonic()):
+            return self._refuse("auth_backoff_refused", f"{host} is backed off after repeated AUTH or TLS failures")
+        if trust.gated:
+            if len(self.unauthenticated) >= trust.max_unauthenticated:
+                return self._refuse("unauthenticated_refused", f"{len(self.unauthenticated)} connections not yet "
+                                    f"authenticated, max_unauthenticated_connections = {trust.max_unauthenticated}")
+            self.unauthenticated.add(conn)
+            loop = asyncio.get_running_loop()
+            self._auth_deadlines.append((loop.time() + trust.auth_timeout_s, conn))
+            if self._auth_sweep is None:
+                self._auth_sweep = loop.call_at(self._auth_deadlines[0][0], self._sweep_unauthenticated)
         self.connections.add(conn)
         if self.bounds.idle_timeout_s > 0 and self._idle_sweep is None:
             self._schedule_idle_sweep()
         return True
+
+    def _refuse(self, counter: str, why: str) -> bool:
+        self.counters[counter] += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:
+            self._refusal_logged = now
+            log.warning("refusing connections: %s (%d refused so far)", why, self.counters[counter])
+        return False
+
+    def _sweep_unauthenticated(self) -> None:
+        """Close the connections still not open auth_timeout_s after they arrived (counted)."""
+        loop = asyncio.get_running_loop()
+        now, deadlines = loop.time(), self._auth_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            conn = deadlines.popleft()[1]
+            if conn in self.unauthenticated:
+                self.counters["auth_timeouts"] += 1
+                log.debug("closing connection %s: not authenticated within auth_timeout_s", conn.peer)
+                conn.close()
+        self._auth_sweep = loop.call_at(deadlines[0][0], self._sweep_unauthenticated) if deadlines else None
+
+    def tls_failed(self, conn: BookieProtocol, exc: BaseException) -> None:
+        """A failed TLS handshake: counted, and an offence of its address (Backoff)."""
+        self.counters["tls_handshake_failures"] += 1
+        host = _host_of(conn.peer)
+        if host is not None:
+            self.trust.backoff.failed(host, time.monotonic())
+        log.debug("TLS handshake with %s failed: %s", conn.peer, describe_tls_failure(exc, peer=str(conn.peer)))
+
+    def auth_refused(self, conn: BookieProtocol, reason_cls: str, *, offence: bool) -> None:
+        """A refused AUTH (an offence of its address: Backoff) or an op before authentication."""
+        self.auth_failures[reason_cls] += 1
+        host = _host_of(conn.peer)
+        if offence and host is not None:
+            self.trust.backoff.failed(host, time.monotonic())
+
+    def maybe_reload(self) -> None:
+        """Re-read the TLS files, the token keys and the roles file where they changed."""
+        trust = self.trust
+        if trust.tls is not None:
+            trust.tls.maybe_reload()
+        keys = getattr(trust.provider, "keys", None)
+        if keys is not None:
+            keys.maybe_reload()
+        trust.authz.maybe_reload()
 
     def _schedule_idle_sweep(self) -> None:
         """Sweep four times per timeout, so a connection idles at most 1.25 timeouts; no
@@ -438,6 +739,12 @@ class ShardServer:
     def handle(self, conn: BookieProtocol, frame: tuple[Any, ...]) -> None:
         op, flags, req_id, ledger_id, entry_id, key, aux, payload, blob_lac = frame
         self.counters[op] += 1
+        if conn.roles is not ALL_ROLES:  # authorization, before storage is touched
+            role = required_role(op, flags)
+            if role is not None and role not in conn.roles and conn.forbidden(frame, role):
+                if op == _ADD:
+                    self.counters["add_errors"] += 1
+                return
         try:
             if op == _ADD:
                 self._add(conn, flags, req_id, ledger_id, entry_id, key, payload, blob_lac)
@@ -456,6 +763,10 @@ class ShardServer:
                 usage = shutil.disk_usage(self.data_dir)
                 conn.respond((op, Status.OK, req_id, 0, 0, -1,
                               BOOKIE_INFO.pack(usage.free, usage.total, self.shard_index, self.shards)))
+            elif op == _AUTH:
+                conn.auth_round(frame)  # a renewal on the open connection
+            elif op == _START_TLS:
+                conn.start_tls(frame)
             else:
                 conn.respond((op, Status.UNKNOWN_OP, req_id, ledger_id, entry_id, -1, b""))
         except Exception:  # a bug must cost one request, never the shard

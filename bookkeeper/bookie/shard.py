@@ -36,6 +36,7 @@ from bookkeeper.bookie.server import BookieProtocol, PeerBounds, ShardServer
 from bookkeeper.bookie.state import disk_usage, journal_space
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
+from bookkeeper.bookie.trust import shard_trust
 from bookkeeper.config import BookieConfig
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import Op, entry_header
@@ -77,7 +78,8 @@ class Shard:
                                   bounds=PeerBounds(max_connections=cfg.max_connections,
                                                     write_buffer_high_bytes=cfg.write_buffer_high_bytes,
                                                     max_long_polls_per_connection=cfg.max_long_polls_per_connection,
-                                                    idle_timeout_s=cfg.idle_timeout_s))
+                                                    idle_timeout_s=cfg.idle_timeout_s),
+                                  trust=shard_trust(cfg))
         self.syncer = make_syncer(cfg.journal_sync, self.loop)
         self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
                                on_durable=self._on_durable, on_failed=self._on_journal_failed,
@@ -245,7 +247,8 @@ class Shard:
         os.close(devnull)
         periodic = [self.loop.create_task(self._every(self.cfg.checkpoint_interval_s, self._checkpoint_now)),
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect)),
-                    self.loop.create_task(self._every(self.cfg.disk_check_interval_s, self._check_disks))]
+                    self.loop.create_task(self._every(self.cfg.disk_check_interval_s, self._check_disks)),
+                    self.loop.create_task(self._every(self.cfg.tls_reload_interval_s, self._reload_trust))]
         await self._stopping.wait()
         srv.close()
         ctl.close()
@@ -271,6 +274,10 @@ class Shard:
         the journal disk can fill from outside while nothing is written."""
         self._disks_checked = time.monotonic()
         self._guard_disks()
+
+    async def _reload_trust(self) -> None:
+        """The TLS files, token keys and roles file re-read where changed (bad ones kept old, counted)."""
+        self.server.maybe_reload()
 
     async def _checkpoint_now(self) -> None:
         """Run (or join) a checkpoint; its failure is logged by its done callback."""
@@ -315,16 +322,31 @@ class Shard:
                     "connections_refused": server.counters["connections_refused"],
                     "long_polls_refused": server.counters["long_polls_refused"],
                     "idle_closed": server.counters["idle_closed"],
-                    "journal_bytes": journal.stats["bytes"], **self.counters}
-        gauges = {"connections": len(server.connections), "paused_senders": len(server.paused),
+                    "journal_bytes": journal.stats["bytes"], **self.counters, **self._trust_counters()}
+        gauges: dict[str, float] = {"connections": len(server.connections), "paused_senders": len(server.paused),
                   "paused_readers": len(server.write_paused), "write_buffer_bytes": server.write_buffer_bytes(),
-                  "long_polls": server.long_polls(),
+                  "long_polls": server.long_polls(), "unauthenticated_connections": len(server.unauthenticated),
                   "journal_queue_bytes": journal.queued_bytes, "write_cache_bytes": storage.write_cache_bytes,
                   "ledgers": len(storage.ledgers), "entry_log_bytes": sum(u[1] for u in usage.values()),
                   "entry_log_live_bytes": sum(u[2] for u in usage.values()), "readonly": int(server.readonly),
                   "journal_pool_bytes": sum(size for _name, size in pool_files(journal.dir))}
+        days = server.trust.tls.days_to_expiry() if server.trust.tls is not None else None
+        if days is not None:
+            gauges["tls_cert_expiry_days"] = round(days, 3)
         return {**self.state(), "counters": counters, "gauges": gauges,
                 "histograms": {k: h.snapshot() for k, h in server.histograms.items()}}
+
+    def _trust_counters(self) -> dict[str, Any]:
+        """The trust counters of stats(); the labelled ones as {label value: count}."""
+        server, trust = self.server, self.server.trust
+        files = {"tls": trust.tls, "token_keys": getattr(trust.provider, "keys", None),
+                 "authz": trust.authz if trust.authz.enabled else None}
+        plain = {name: server.counters[name] for name in (
+            "tls_handshakes", "tls_handshake_failures", "auth_successes", "auth_expired_closed",
+            "unauthenticated_refused", "auth_timeouts", "auth_backoff_refused")}
+        return {**plain, "auth_failures": dict(server.auth_failures), "forbidden": dict(server.forbidden),
+                "trust_reloads": {kind: f.reloads for kind, f in files.items() if f is not None},
+                "trust_reload_failures": {kind: f.reload_failures for kind, f in files.items() if f is not None}}
 
     async def garbage_collect(self, *, force: bool = False) -> dict[str, Any]:
         """One GC pass: drop deleted ledgers (committed by a checkpoint), then compact if due.

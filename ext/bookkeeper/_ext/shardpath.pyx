@@ -13,8 +13,8 @@ tells the durable callback how many of those bytes to write: one write per conne
 per block, no Python per entry.
 
 Every other frame, and every add that does not pass (ledger unknown to this shard, key
-mismatch, fenced without RECOVERY_ADD, read-only, a bad entry header), goes to the
-Python dispatch as the tuple parse_requests makes, in arrival order: the Python path
+mismatch, fenced without RECOVERY_ADD, read-only, a bad entry header, a connection whose
+principal lacks the add's role), goes to the Python dispatch as the tuple parse_requests makes, in arrival order: the Python path
 defines the behaviour on bad input, and this loop only takes the adds whose answer is OK.
 """
 
@@ -34,6 +34,8 @@ cdef extern from "Python.h":
 cdef enum:
     OP_ADD = 1
     FLAG_RECOVERY_ADD = 1
+    ROLE_WRITE = 1    # bookkeeper.bookie.trust.ADD_WRITE: the connection's `add_roles` bits
+    ROLE_RECOVER = 2  # bookkeeper.bookie.trust.ADD_RECOVER
     ENTRY_HEADER = 32
     REC_ADD = 1
     STATUS_SERVER_ERROR = 9
@@ -140,7 +142,11 @@ cdef class AddPath:
     def dispatch(self, conn, bytearray out, const uint8_t[::1] buf, double now):
         """Dispatch every complete request in buf; responses of fast adds go to `out` (the
         connection's pending bytes). Returns (consumed, error): error is the FrameError of a
-        frame that can never parse (the frames before it were dispatched), else None."""
+        frame that can never parse (the frames before it were dispatched), else None.
+
+        The connection's `add_roles` (which adds its principal may make) is read once per
+        buffer and after each Python dispatch (an AUTH renewal may change it): an add it does
+        not cover goes to Python, which answers FORBIDDEN."""
         cdef Py_ssize_t n = buf.shape[0]
         cdef Py_ssize_t pos = 0
         cdef Py_ssize_t flen, plen, old
@@ -151,6 +157,7 @@ cdef class AddPath:
         cdef PyObject* found
         cdef LedgerState st
         cdef uint8_t* o
+        cdef int roles = conn.add_roles
         self.run_n = 0
         self.run_bytes = 0
         self.cache_delta = 0
@@ -170,6 +177,7 @@ cdef class AddPath:
                 entry_id = <int64_t>get_u64(p + 24)
                 found = NULL
                 if (self.fast and p[5] == OP_ADD and plen >= ENTRY_HEADER and entry_id >= 0
+                        and roles & (ROLE_RECOVER if p[7] & FLAG_RECOVERY_ADD else ROLE_WRITE)
                         and get_u64(payload) == ledger_id and <int64_t>get_u64(payload + 8) == entry_id):
                     lid = ledger_id
                     found = PyDict_GetItem(self.ledgers, lid)
@@ -185,6 +193,7 @@ cdef class AddPath:
                     self._end_run(conn, now)
                     dispatch(conn, _request_tuple(p, flen))
                     self._load()
+                    roles = conn.add_roles
                     pos += flen
                     continue
                 # An add whose answer is OK: stage it, journal it, encode its response.
