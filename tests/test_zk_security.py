@@ -195,9 +195,10 @@ def _walk(kz: KazooClient, root: str) -> Iterator[tuple[str, list[ACL]]]:
         stack.extend(f"{path}/{c}" for c in kz.get_children(path))
 
 
-def _superuser(zk: tuple[ZooKeeperServer, Pki], auth: str = ADMIN) -> KazooClient:
+def _superuser(server: ZooKeeperServer, auth: str = ADMIN) -> KazooClient:
+    """A raw kazoo client with the writing principal's credentials, to walk the tree."""
     user, password = digest_credentials(auth)
-    kz = KazooClient(hosts=zk[0].connect_string, auth_data=[("digest", f"{user}:{password}")])
+    kz = KazooClient(hosts=server.connect_string, auth_data=[("digest", f"{user}:{password}")])
     kz.start(timeout=10)
     return kz
 
@@ -232,7 +233,7 @@ def test_every_znode_written_with_credentials_is_closed_to_world(zk: tuple[ZooKe
     write_private_key(seal_key)
     root = "/acl-tree/ledgers"  # a parent level too: ensure_path's parents carry the ACL
     bookie = ZkMetadataStore(_uri(zk, root), security=ZkSecurity(auth=ADMIN, seal_key_file=str(seal_key)))
-    kz = _superuser(zk)
+    kz = _superuser(zk[0])
     try:
         lid = _write_everything(bookie)
         nodes = list(_walk(kz, "/acl-tree"))  # the ephemeral ones too: while their session lives
@@ -348,7 +349,7 @@ def test_bk_zk_secure_converts_a_live_tree(zk: tuple[ZooKeeperServer, Pki], tmp_
     assert errors == [], errors[:3]
     assert stat.S_IMODE(seal_key.stat().st_mode) == 0o600
     assert "s3cret-pw" not in out and "ro-pw" not in out
-    kz = _superuser(zk)
+    kz = _superuser(zk[0])
     try:
         admin, ro = digest_id("admin", "s3cret-pw"), digest_id(*READER.split(":"))
         for path, acls in _walk(kz, "/live"):
