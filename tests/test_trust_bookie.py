@@ -277,6 +277,25 @@ def test_a_replaced_certificate_serves_the_next_handshake_and_open_connections_s
     install(new_key, key_file)  # the good pair back, for the tests after this one
 
 
+def test_a_tls_peer_that_does_not_read_its_answers_is_not_read(cluster: LocalCluster,
+                                                                tls_bookie: LocalBookie) -> None:
+    """The write-buffer bound holds through the SSL transport: its pause_writing stops reading
+    the peer (paused_readers), its resume_writing answers what was held, in order."""
+    ledger, big = 51, bytes(1 << 20)
+    dm = DigestManager(ledger, DigestType.CRC32C, PASSWORD)
+    with mtls_session(cluster, tls_bookie, "alice") as s:
+        r = call(s, frame(Op.ADD_ENTRY, ledger, 0, key=KEY, request_id=3, payload=dm.encode(0, -1, len(big), big)))
+        assert r.status == Status.OK
+        n = 40
+        s.sendall(b"".join(frame(Op.READ_ENTRY, ledger, 0, request_id=100 + i) for i in range(n)))
+        wait_until("the peer paused", lambda: stats(tls_bookie)["gauges"]["paused_readers"] == 1,
+                   timeout_s=DEADLINE_S)
+        got = [read_response(s) for _ in range(n)]
+        assert [(r.request_id, r.status, len(r.payload) > len(big)) for r in got] == [
+            (100 + i, Status.OK, True) for i in range(n)]
+    wait_until("the peer forgotten", lambda: stats(tls_bookie)["gauges"]["paused_readers"] == 0, timeout_s=DEADLINE_S)
+
+
 def served_cert(cluster: LocalCluster, b: LocalBookie) -> bytes:
     """The DER certificate a new TLS connection to the bookie is served."""
     assert cluster.pki is not None
