@@ -169,7 +169,7 @@ def test_each_bad_credential_fails_with_its_reason_not_a_timeout(token_cluster: 
                           "auth_token": mint_token(subject="writer", ttl_s=60, key_id=kid, secret=os.urandom(32))},
         "expired token": {"auth_provider": "token", "auth_token": mint_token(
             subject="writer", ttl_s=60, key_id=kid, secret=_secret(token_cluster), now=time.time() - 120)},
-        "unknown plug-in": {"auth_provider": f"{__name__}:KerberosLike"},
+        "unknown plug-in": {"auth_provider": "tests.test_auth_client:KerberosLike"},
         "no token": {},
     }[case]
     err = run(_refused(token_cluster, **kwargs))

@@ -32,6 +32,7 @@ from bookkeeper.proto import (DEFAULT_MAX_FRAME_BYTES, NO_KEY, FrameError, Op, S
                               parse_responses, shard_for_ledger)
 from bookkeeper.security.auth import ClientAuthProvider, ClientAuthSession, load_client_provider
 from bookkeeper.security.tls import ReloadingTLS, check_bookie_identity, describe_tls_failure
+from bookkeeper.security.tokens import utc_iso
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,25 @@ def tls_refusal(exc: BaseException | None, peer: str) -> AuthenticationError | N
     return None
 
 
+def client_cert_refusal(tls: ReloadingTLS, peer: str, now: float | None = None) -> AuthenticationError | None:
+    """What a bookie closing the connection right after the TLS handshake, before answering
+    anything, means when this client presented a certificate (None when it presented none).
+
+    Why a conclusion at all: under TLS 1.3 the bookie checks the client's certificate after
+    the client's side of the handshake is done, and its loop closes the connection without
+    the alert that would say why; the client sees only the close. A certificate past its
+    notAfter is named as such (the client knows its own expiry)."""
+    days = tls.days_to_expiry(now)
+    if days is None:
+        return None
+    if days < 0:
+        reason = (f"this client's certificate (tls_cert_file) expired at "
+                  f"{utc_iso((time.time() if now is None else now) + days * 86400)}")
+    else:
+        reason = "it did not accept this client's certificate (tls_cert_file: is it signed by a CA the bookie trusts?)"
+    return AuthenticationError(f"bookie {peer}: TLS refused: closed right after the handshake: {reason}")
+
+
 class _SetupProtocol(asyncio.Protocol):
     """A connection while it is set up (START_TLS, AUTH): one request and its answer at a time.
     Frames are few and small here, so plain bytes and the Python-facing codec do."""
@@ -163,6 +183,8 @@ class _SetupProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._max_frame = max_frame_bytes
         self._peer = peer
+        # Set once the TLS handshake is done: what a close with no answer since means.
+        self.refusal: Callable[[], AuthenticationError | None] | None = None
         self._buf = bytearray()
         self._waiter: asyncio.Future[tuple[int, int, bytes]] | None = None
         self._lost: BaseException | None = None
@@ -175,8 +197,8 @@ class _SetupProtocol(asyncio.Protocol):
         self._answer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = tls_refusal(exc, self._peer) or ConnectionResetError(
-            f"closed by the bookie during set-up{f': {exc}' if exc else ''}")
+        self._lost = (tls_refusal(exc, self._peer) or (self.refusal() if self.refusal is not None else None)
+                      or ConnectionResetError(f"closed by the bookie during set-up{f': {exc}' if exc else ''}"))
         self._answer()
 
     async def round_trip(self, op: int, payload: bytes = b"") -> tuple[int, int, bytes]:
@@ -337,6 +359,7 @@ class ShardConnection:
         if tls_transport is None:
             raise AuthenticationError(f"bookie {self.peer}: TLS handshake failed: the connection closed")
         setup.transport = tls_transport
+        setup.refusal = functools.partial(client_cert_refusal, self.trust.tls, self.peer)  # type: ignore[arg-type]
         try:
             ssl_object = tls_transport.get_extra_info("ssl_object")
             check_bookie_identity(ssl_object.getpeercert() if ssl_object is not None else {}, self.bookie_id,
