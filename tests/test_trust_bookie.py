@@ -5,7 +5,9 @@ and the wire codec, so every byte the bookie sends is checked, not a client's re
 Bookies of one cluster, one shard each:
 - `tls_bookie`: tls = require, client certificates required, AUTH plug-in mtls, files re-read
   every 0.2 s (certificate rolls);
-- `token_bookie`: plain text, AUTH plug-in token, an authz file (alice writes, reader reads);
+- `token_bookie`: plain text, AUTH plug-in token, an authz file (alice writes, reader reads),
+  re-read every 0.2 s;
+- `impatient_bookie`: plain text, token, auth_timeout_s 0.5, at most 4 unauthenticated;
 - `flood_bookie` (the flood test only): tls = optional, client certificates required, token.
 """
 from __future__ import annotations
@@ -70,7 +72,13 @@ def tls_bookie(cluster: LocalCluster) -> LocalBookie:
 def token_bookie(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> LocalBookie:
     authz = tmp_path_factory.mktemp("authz") / "authz.toml"
     authz.write_text(AUTHZ)
-    return cluster.add_bookie(tls="off", authz_file=str(authz), http_port=free_port_block())
+    return cluster.add_bookie(tls="off", authz_file=str(authz), http_port=free_port_block(),
+                              tls_reload_interval_s=RELOAD_S)
+
+
+@pytest.fixture(scope="module")
+def impatient_bookie(cluster: LocalCluster) -> LocalBookie:
+    return cluster.add_bookie(tls="off", auth_timeout_s=0.5, max_unauthenticated_connections=4)
 
 
 # -- raw protocol helpers ----------------------------------------------------------------------
@@ -424,6 +432,31 @@ def test_an_address_with_repeated_auth_failures_is_backed_off(cluster: LocalClus
         pass
 
 
+def test_unauthenticated_connections_are_capped_and_timed_out(cluster: LocalCluster,
+                                                              impatient_bookie: LocalBookie) -> None:
+    """Four silent connections are all a shard keeps waiting: a fifth is closed at once,
+    unread; the four are closed after auth_timeout_s; an authenticated one stays. Counted."""
+    b = impatient_bookie
+    refused, timed_out = counter(b, "unauthenticated_refused"), counter(b, "auth_timeouts")
+    with token_session(cluster, b, "alice") as authed:
+        silent = [connect(b.port) for _ in range(4)]
+        try:
+            wait_until("four waiting", lambda: stats(b)["gauges"]["unauthenticated_connections"] == 4,
+                       timeout_s=DEADLINE_S)
+            with connect(b.port) as fifth:
+                fifth.sendall(frame(Op.AUTH, 0, -1, payload=auth_payload("token", cluster.token("alice").encode())))
+                assert_closed_without_response(fifth)
+            assert counter(b, "unauthenticated_refused") == refused + 1
+            for s in silent:
+                s.settimeout(DEADLINE_S)
+                assert closed(s)
+        finally:
+            for s in silent:
+                s.close()
+        assert counter(b, "auth_timeouts") == timed_out + 4
+        assert call(authed, frame(Op.READ_LAC, 9_000_000_001, -1, request_id=3)).status == Status.NO_SUCH_LEDGER
+
+
 # -- authorization ------------------------------------------------------------------------------
 def test_a_read_principal_reads_but_cannot_add_fence_or_claim(cluster: LocalCluster, token_bookie: LocalBookie) -> None:
     """`reader` has read only: its add (to a ledger alice holds, through the C add path's key
@@ -448,6 +481,34 @@ def test_a_read_principal_reads_but_cannot_add_fence_or_claim(cluster: LocalClus
     assert counter(token_bookie, "forbidden", "write") == before["write"] + 2
     assert counter(token_bookie, "forbidden", "recover") == before["recover"] + 3
     assert metric(metrics(cluster, token_bookie), "bookkeeper_forbidden_total", role="recover") >= 3
+
+
+def test_a_changed_authz_file_applies_to_open_connections(cluster: LocalCluster, token_bookie: LocalBookie) -> None:
+    """Roles are re-read live: `reader` given `write` adds on the connection it already had;
+    a file that does not parse keeps the roles in force (counted, kind authz)."""
+    authz = Path(token_bookie.conf["authz_file"])
+    with token_session(cluster, token_bookie, "reader") as s:
+        assert call(s, add(61, 0)).status == Status.FORBIDDEN
+        try:
+            replace_text(authz, AUTHZ.replace('"reader" = ["read"]', '"reader" = ["read", "write"]'))
+            wait_until("the new roles in force", lambda: call(s, add(61, 0)).status == Status.OK, timeout_s=DEADLINE_S)
+            failures = counter(token_bookie, "trust_reload_failures", "authz")
+            replace_text(authz, '[principals]\n"reader" = ["fly"]\n')
+            wait_until("the bad file counted", lambda: counter(token_bookie, "trust_reload_failures", "authz")
+                       == failures + 1, timeout_s=DEADLINE_S)
+            assert call(s, add(61, 1)).status == Status.OK
+        finally:
+            replace_text(authz, AUTHZ)
+    with token_session(cluster, token_bookie, "reader") as s:
+        wait_until("the first roles back", lambda: call(s, add(61, 2)).status == Status.FORBIDDEN,
+                   timeout_s=DEADLINE_S)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace a file by rename, as an operator's tools do: a reader never sees half of it."""
+    tmp = path.with_suffix(".next")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # -- the flood -------------------------------------------------------------------------------------
