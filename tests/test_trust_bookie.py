@@ -8,6 +8,7 @@ Bookies of one cluster, one shard each:
 - `token_bookie`: plain text, AUTH plug-in token, an authz file (alice writes, reader reads),
   re-read every 0.2 s;
 - `impatient_bookie`: plain text, token, auth_timeout_s 0.5, at most 4 unauthenticated;
+- `optional_bookie`: tls = optional, no AUTH plug-in (every connection is `anonymous`);
 - `flood_bookie` (the flood test only): tls = optional, client certificates required, token.
 """
 from __future__ import annotations
@@ -79,6 +80,11 @@ def token_bookie(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def impatient_bookie(cluster: LocalCluster) -> LocalBookie:
     return cluster.add_bookie(tls="off", auth_timeout_s=0.5, max_unauthenticated_connections=4)
+
+
+@pytest.fixture(scope="module")
+def optional_bookie(cluster: LocalCluster) -> LocalBookie:
+    return cluster.add_bookie(tls="optional", auth_provider="")
 
 
 # -- raw protocol helpers ----------------------------------------------------------------------
@@ -224,6 +230,29 @@ def test_start_tls_on_a_bookie_with_tls_off_is_unknown_op(cluster: LocalCluster,
         assert (r.op, r.status) == (Op.START_TLS, Status.UNKNOWN_OP)
         r = auth(s, "token", cluster.token("alice").encode())
         assert (r.status, r.entry_id) == (Status.OK, 1)
+
+
+def test_optional_tls_serves_plain_and_tls_clients_and_start_tls_comes_first(
+        cluster: LocalCluster, optional_bookie: LocalBookie) -> None:
+    """tls = optional without a plug-in: a plain client is served at once (its first frame
+    arriving in pieces), a TLS client after its handshake; START_TLS after another frame, or
+    with a frame behind it in the same send, is a bad frame: closed, unanswered."""
+    assert cluster.pki is not None
+    b = optional_bookie
+    with connect(b.port) as s:
+        request = frame(Op.READ_LAC, 9_000_000_001, -1, request_id=2)
+        s.sendall(request[:3])
+        time.sleep(0.05)
+        assert call(s, request[3:]).status == Status.NO_SUCH_LEDGER
+    with start_tls(connect(b.port), client_context(cluster.pki.ca_file)) as s:
+        assert call(s, frame(Op.READ_LAC, 9_000_000_001, -1, request_id=2)).status == Status.NO_SUCH_LEDGER
+    with connect(b.port) as s:
+        assert call(s, frame(Op.READ_LAC, 9_000_000_001, -1, request_id=2)).status == Status.NO_SUCH_LEDGER
+        s.sendall(frame(Op.START_TLS, 0, -1, request_id=3))
+        assert_closed_without_response(s)
+    with connect(b.port) as s:
+        s.sendall(frame(Op.START_TLS, 0, -1, request_id=1) + frame(Op.READ_LAC, 9_000_000_001, -1, request_id=2))
+        assert_closed_without_response(s)
 
 
 def test_mtls_handshake_with_and_without_a_client_certificate(cluster: LocalCluster, tls_bookie: LocalBookie) -> None:
