@@ -42,12 +42,14 @@ def metadata_uri(args: argparse.Namespace) -> str:
 
 # The client settings `bk` takes from the environment (BK_<KEY>, like BK_METADATA_URI): the
 # trust settings, which a shell on a secured cluster sets once for every command.
-CLIENT_ENV_KEYS = ("tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "auth_provider", "auth_token", "zk_auth")
+CLIENT_ENV_KEYS = ("tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "auth_provider", "auth_token", "zk_auth",
+                   "password_seal_key_file")
 
 
 def client_settings(env: dict[str, str] | None = None) -> dict[str, str]:
     """`BookKeeper.connect` keywords from BK_TLS, BK_TLS_CA_FILE, BK_TLS_CERT_FILE, BK_TLS_KEY_FILE,
-    BK_AUTH_PROVIDER, BK_AUTH_TOKEN and BK_ZK_AUTH (unset ones keep the client's defaults)."""
+    BK_AUTH_PROVIDER, BK_AUTH_TOKEN, BK_ZK_AUTH and BK_PASSWORD_SEAL_KEY_FILE (unset ones keep the
+    client's defaults)."""
     env = os.environ if env is None else env
     return {k: env[f"BK_{k.upper()}"] for k in CLIENT_ENV_KEYS if env.get(f"BK_{k.upper()}")}
 

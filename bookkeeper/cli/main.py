@@ -30,6 +30,7 @@ from bookkeeper.bookie.admin_client import AdminHTTPError, admin_error_text, adm
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, err, error_line, metadata_uri, out
 from bookkeeper.cli.security import add_security_parsers
 from bookkeeper.cli.stream import add_stream_parsers
+from bookkeeper.cli.zk import add_zk_parsers
 from bookkeeper.errors import BKError
 
 
@@ -211,10 +212,13 @@ def _urm(bk: Any) -> Any:
 def cmd_autorecovery_run(args: argparse.Namespace) -> int:
     """An auditor candidate and a replication worker in the foreground, until SIGTERM/SIGINT."""
     from bookkeeper.autorecovery import AutoRecoveryService
+    from bookkeeper.client.config import ClientConfig
     from bookkeeper.meta.zk import ZkMetadataStore
+    from bookkeeper.meta.zk_security import zk_security_from
 
     uri = metadata_uri(args)
-    ZkMetadataStore(uri, create=False).close()  # a wrong URI is an error now, not retries forever
+    security = zk_security_from(ClientConfig(**client_settings()).validate())
+    ZkMetadataStore(uri, create=False, security=security).close()  # a wrong URI or credential fails now
     logging.getLogger().setLevel(logging.INFO)
     service = AutoRecoveryService(uri, lost_bookie_delay_s=args.lost_bookie_delay_s,
                                   open_ledger_rereplication_grace_s=args.open_ledger_grace_s,
@@ -793,7 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="package version, commit, Python, liburing, io_uring here; then exit")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_sandbox_parser, _add_bookie_parser, _add_bookies_parsers, _add_ledger_parsers, _add_bench_parser,
-                _add_autorecovery_parsers, add_stream_parsers, add_security_parsers, _add_simpletest_parser):
+                _add_autorecovery_parsers, add_stream_parsers, add_security_parsers, add_zk_parsers,
+                _add_simpletest_parser):
         add(sub, common)
     return p
 

@@ -38,6 +38,7 @@ class ClientConfig:
     auth_provider: str = ""                 # mtls | token | package.module:Class
     auth_token: str = ""                    # the token itself, or file:/path (re-read at each exchange)
     zk_auth: str = ""                       # digest:USER:PASSWORD | sasl
+    password_seal_key_file: str = ""        # opens sealed ledger passwords: auto-recovery's client only
 
     def validate(self) -> ClientConfig:
         for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s",
