@@ -237,8 +237,8 @@ def test_a_client_certificate_that_expires_is_refused_afterwards_naming_the_expi
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_writer_runs_60_s_while_certificates_and_then_the_ca_are_rolled(tmp_path: Path, pki: TestPKI) -> None:
-    """A long-lived writer, and a new client every ~second (new handshakes with whatever files
-    are current), run 60 s while: each bookie's certificate is replaced on disk; the CA file
+    """A long-lived writer, and a long-lived prober that drops its connections every ~second
+    (new handshakes with the files its client reloaded), run 60 s while: each bookie's certificate is replaced on disk; the CA file
     becomes a bundle of the old and a new CA; every bookie and the client get certificates of
     the new CA; the CA file becomes the new CA alone. 0 errors."""
     trust_dir = tmp_path / "trust"
@@ -280,8 +280,9 @@ def test_a_writer_runs_60_s_while_certificates_and_then_the_ca_are_rolled(tmp_pa
 
 async def _write_while(uri: str, kwargs: dict[str, Any], seconds: float,
                        steps: list[tuple[float, str, Any]]) -> dict[str, Any]:
-    """A writer for `seconds` and a prober (a new client per round), running the roll's steps
-    (off the loop) at their times; returns the counts and every error seen."""
+    """A writer for `seconds` and a prober (new connections each round: its client's reloaded
+    TLS context is what they use), running the roll's steps (off the loop) at their times;
+    returns the counts and every error seen."""
     errs: list[str] = []
     counts: dict[str, Any] = {"adds": 0, "probes": 0, "errors": errs}
     t0 = time.monotonic()
@@ -301,16 +302,17 @@ async def _write_while(uri: str, kwargs: dict[str, Any], seconds: float,
             await lh.close()
 
     async def prober() -> None:
-        while time.monotonic() - t0 < seconds:
-            try:
-                async with await BookKeeper.connect(uri, **kwargs) as bk:
+        async with await BookKeeper.connect(uri, **kwargs) as bk:
+            while time.monotonic() - t0 < seconds:
+                bk.pool.close()  # the next requests connect anew
+                try:
                     lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
                     await lh.add_entry(b"probe")
                     await lh.close()
                     counts["probes"] += 1
-            except errors.BKError as e:
-                errs.append(f"probe {time.monotonic() - t0:.1f}s: {e}")
-            await asyncio.sleep(0.7)
+                except errors.BKError as e:
+                    errs.append(f"probe {time.monotonic() - t0:.1f}s: {e}")
+                await asyncio.sleep(0.7)
 
     async def roller() -> None:
         for at, what, step in steps:
