@@ -1,0 +1,93 @@
+"""The client's response pipe (RequestPipe in ext/bookkeeper/_ext/client.pyx): a receive
+buffer of answers to the requests of one shard connection.
+
+Eight requests are outstanding (ids 1..8, two of them borrowing their payload) when the
+input arrives. Properties: feed() either dispatches every complete response or raises
+FrameError; each request's callback runs at most once, with the response of its own id or
+an error; a borrowed payload is a view released after its callback; the same bytes fed in
+two pieces dispatch the same responses. Anything else (another exception, a callback error
+the pipe logged, an over-read under ASan) is a crash.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bookkeeper._ext.client import RequestPipe
+from bookkeeper.errors import BKError, error_for_status
+from bookkeeper.proto import NO_KEY, FrameError, Op
+
+from ._frames import LEDGER, response_seeds
+
+MAX_FRAME = 1 << 16
+REQUESTS = 8
+BORROWING = {2, 5}
+
+
+class _LoggedErrors(logging.Handler):
+    """The pipe logs, and swallows, exceptions from callbacks: here each one is a finding."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_LOGGED = _LoggedErrors()
+
+
+def _dispatched(chunks: list[bytes]) -> tuple[list[tuple[Any, ...]], bool]:
+    """(request id, status, payload bytes or error class) per callback, and whether a bad frame
+    ended the feed."""
+    seen: list[tuple[Any, ...]] = []
+
+    def callback(ctx: int, resp: tuple | None, err: BaseException | None) -> None:
+        assert resp is not None, "a callback without a response while the connection is up"
+        assert resp[2] == ctx, f"request {ctx} got the response of request {resp[2]}"
+        assert (err is None) == (resp[1] == 0), f"status {resp[1]} with error {err!r}"
+        assert err is None or isinstance(err, BKError)
+        payload = resp[6]
+        assert isinstance(payload, memoryview if ctx in BORROWING and payload else bytes), type(payload)
+        seen.append((ctx, resp[1], bytes(payload), type(err)))
+
+    pipe = RequestPipe(MAX_FRAME, lambda status, *detail: error_for_status(status, *detail), lambda: None,
+                       lambda: None)
+    for rid in range(1, REQUESTS + 1):
+        pipe.send(Op.READ_ENTRY, 0, LEDGER, rid, NO_KEY, 0, b"", callback, rid, 60.0, rid in BORROWING)
+    bad = False
+    try:
+        for chunk in chunks:
+            pipe.feed(chunk)
+    except FrameError:
+        bad = True
+    assert pipe.outstanding == REQUESTS - len(seen), "a request answered without its callback"
+    assert len({s[0] for s in seen}) == len(seen), "a callback ran twice"
+    return seen, bad
+
+
+def one_input(data: bytes) -> None:
+    del _LOGGED.records[:]
+    logger = logging.getLogger("bookkeeper.client")
+    logger.addHandler(_LOGGED)
+    try:
+        whole, bad = _dispatched([data])
+    finally:
+        logger.removeHandler(_LOGGED)
+    assert not _LOGGED.records, _LOGGED.records[0].getMessage() if _LOGGED.records else ""
+    split = data[0] % (len(data) + 1) if data else 0
+    chunked, chunked_bad = _dispatched([data[:split], data[split:]])
+    assert chunked_bad == bad, f"split at {split}: bad frame {chunked_bad}, whole: {bad}"
+    if not bad:
+        assert chunked == whole, f"split at {split} dispatches differently"
+    for rid, status, _, _ in whole:  # feedback for atheris: which answers arrived
+        if status == 0:
+            if rid in BORROWING:
+                pass
+        elif status < 4:
+            pass
+
+
+def seeds() -> list[bytes]:
+    return response_seeds()
