@@ -24,7 +24,7 @@ EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
 LOADTEST_DIR := loadtest-out
 
-.PHONY: run test loadtest setup system-deps venv build clean
+.PHONY: run test loadtest setup system-deps venv build clean fuzz
 
 run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
@@ -68,6 +68,18 @@ loadtest: setup
 	$(VENV)/bin/locust -f loadtest/locustfile.py --headless $(LOADTEST_ARGS) --metadata-uri $$uri \
 		--csv $(LOADTEST_DIR)/run --json-file $(LOADTEST_DIR)/run --only-summary; \
 	echo "results: $(LOADTEST_DIR)/run_stats.csv, $(LOADTEST_DIR)/run_hdr.csv"
+
+# `make fuzz FUZZ_SECONDS=N` (default 60): every target of tests/fuzz for N seconds, on the Cython
+# modules built again with clang's ASan, UBSan and coverage into build/fuzz (the normal build is
+# untouched); new crashes are saved into tests/fuzz/corpus/<target>/ (tests/fuzz/README.md).
+fuzz: setup
+	@dpkg -s clang-14 libclang-rt-14-dev >/dev/null 2>&1 || { echo "installing clang-14 (apt)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+			clang-14 libclang-rt-14-dev >/dev/null; }
+	CC=clang-14 LDSHARED="clang-14 -shared" LDFLAGS="-fsanitize=address,undefined" \
+		CFLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
+		$(PY) setup.py -q build_ext --build-lib build/fuzz --build-temp build/fuzz-tmp
+	$(PY) tests/fuzz/run.py --all --seconds $(or $(FUZZ_SECONDS),60) --sanitized build/fuzz
 
 clean:
 	rm -rf build bookkeeper/_ext/*.so ext/bookkeeper/_ext/*.c *.egg-info .venv*/.stamp-build
