@@ -15,7 +15,6 @@ Reference: docs/protocol.md ("Bounds", "Status codes"); bookkeeper/bookie/server
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 

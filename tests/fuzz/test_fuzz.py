@@ -48,10 +48,9 @@ XFAIL = {
 FUZZ_XFAIL = {"ledger_metadata": _LEDGER_METADATA}
 
 
-def _files(kind: str) -> list[str]:
-    """corpus/<target>/<file> names: seeds (made by the encoders) or the rest (regressions)."""
-    return sorted(f"{p.parent.name}/{p.name}" for p in CORPUS.glob("*/*")
-                  if p.name.startswith("seed-") == (kind == "seed"))
+def _regressions() -> list[str]:
+    """corpus/<target>/<file> names of the inputs that once crashed (all but the seeds)."""
+    return sorted(f"{p.parent.name}/{p.name}" for p in CORPUS.glob("*/*") if not p.name.startswith("seed-"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,7 +75,7 @@ def test_every_seed_passes_its_target(target: str) -> None:
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=XFAIL[n], strict=True))
-                                  if n in XFAIL else n for n in _files("regression")])
+                                  if n in XFAIL else n for n in _regressions()])
 def test_crash_found_once_stays_fixed(name: str) -> None:
     """Every input a fuzzer once crashed on (corpus/<target>/crash-*) is replayed for good."""
     target, _ = name.split("/")
