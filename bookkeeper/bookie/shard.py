@@ -39,6 +39,7 @@ from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.bookie.trust import shard_trust
 from bookkeeper.config import BookieConfig
 from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.meta.zk_security import zk_security_from
 from bookkeeper.proto import Op, entry_header
 
 log = logging.getLogger("bookkeeper.shard")
@@ -382,7 +383,8 @@ class Shard:
         def find() -> list[int]:
             if self._meta is None:  # one ZooKeeper session per shard, made on first use and kept
                 self._meta = ZkMetadataStore(self.cfg.metadata_uri, create=False,
-                                             session_timeout_ms=self.cfg.zk_session_timeout_ms)
+                                             session_timeout_ms=self.cfg.zk_session_timeout_ms,
+                                             security=zk_security_from(self.cfg))
                 self._finder = DeletedLedgerFinder(self._meta)
             assert self._finder is not None
             return self._finder.find(held)[0]

@@ -43,6 +43,7 @@ from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, 
 from bookkeeper.config import BookieConfig
 from bookkeeper.errors import BKError, CookieMismatchError, ZooKeeperUnreachableError
 from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.meta.zk_security import zk_security_from
 from bookkeeper.procs import module_command
 
 log = logging.getLogger("bookkeeper.supervisor")
@@ -162,7 +163,8 @@ def connect_at_start(cfg: BookieConfig, *, wait_s: float = ZK_START_WAIT_S,
     deadline, delay = clock() + wait_s, 1.0
     while True:
         try:
-            return ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms)
+            return ZkMetadataStore(cfg.metadata_uri, session_timeout_ms=cfg.zk_session_timeout_ms,
+                                   security=zk_security_from(cfg))
         except ZooKeeperUnreachableError as e:
             if clock() + delay > deadline:
                 raise
