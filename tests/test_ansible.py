@@ -142,9 +142,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> I
     """site.yml with local.ini into a temp dir; teardown.yml -e purge=true afterwards, then
     every process it ran is checked gone by pid (leftovers are killed, and fail the test)."""
     base = tmp_path_factory.mktemp("ansible-local")
-    extra = []
+    # Plain text until the trust parts are wired (bk tls, the bookie's zk+tls:// and AUTH).
+    extra = ["-e", "bk_insecure_plaintext=true"]
     if Path("/run/systemd/system").is_dir():
-        extra = ["-e", "zookeeper_service_manager=supervisor", "-e", "bookie_service_manager=supervisor"]
+        extra += ["-e", "zookeeper_service_manager=supervisor", "-e", "bookie_service_manager=supervisor"]
     dep = Deployment(base=base, zk_port=free_port_block(1), port_base=free_port_block(40), wheel=built_wheel,
                      extra_vars=extra)
     started = time.monotonic()

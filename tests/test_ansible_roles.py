@@ -1,17 +1,22 @@
 """The Ansible roles without a deployment: ansible-lint's production profile, every bookie
-config key as a role variable, the systemd units verified, the debian_packages role.
+config key as a role variable, the systemd units verified, the debian_packages role, the
+secure defaults (and plain text only when asked), no_log on every task that touches a secret.
 
-Reference: docs/api.md section 9 and issue 9 item 2. Apart from test_ansible.py (the deployment)
+Reference: docs/api.md section 9, issue 9 item 2 and issue 23 item 6. Apart from test_ansible.py (the deployment)
 so that these run on another test worker while that module's playbooks run.
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -130,3 +135,116 @@ def test_debian_packages_asks_apt_only_for_what_dpkg_lacks(tmp_path: Path) -> No
     result = json.loads(absent.stdout[start:absent.stdout.index("\n}\n", start) + 2])
     assert result["invocation"]["module_args"]["name"] == [missing], result
     assert f"No package matching '{missing}'" in result["msg"], result
+
+
+# Words in a task's arguments that mean it reads or writes a secret: a private key, the token
+# signing keys, a token, the ZooKeeper password or credentials, bookie.toml (it holds zk_auth),
+# bk's environment (the same), ZooKeeper's key store.
+SECRET = re.compile(r"key_file|key\.pem|keys_file|token|zk_auth|password|bookie\.toml|bk-client|"
+                    r"bk_environment|server\.pem|tls (ca|issue|server)")
+
+
+def _tasks(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for item in items or []:
+        yield item
+        for section in ("block", "rescue", "always"):
+            yield from _tasks(item.get(section, []))
+
+
+def test_every_task_that_touches_a_secret_has_no_log() -> None:
+    """Every task of the roles and playbooks whose arguments name a key, token, password or a
+    file holding one has `no_log` (set, not false): a failure must not print a secret.
+    Directory tasks (ansible.builtin.file) only make paths and modes, and a set_fact of *_file
+    names only paths."""
+    files = [*ANSIBLE_DIR.glob("roles/*/tasks/*.yml"), *ANSIBLE_DIR.glob("*.yml")]
+    checked, missing = 0, []
+    for path in files:
+        doc = yaml.safe_load(path.read_text()) or []
+        plays = doc if path.parent == ANSIBLE_DIR else [{"tasks": doc}]
+        for play in plays:
+            for task in _tasks(play.get("tasks", [])):
+                facts = task.get("ansible.builtin.set_fact") or {}
+                if "block" in task or "ansible.builtin.file" in task or (
+                        facts and all(name.endswith("_file") for name in facts)):
+                    continue
+                args = {k: v for k, v in task.items() if k not in ("name", "no_log", "when", "register")}
+                if SECRET.search(json.dumps(args)):
+                    checked += 1
+                    if task.get("no_log") in (None, False):
+                        missing.append(f"{path.relative_to(ANSIBLE_DIR)}: {task.get('name')}")
+    assert checked >= 15, checked  # the secret-handling tasks were found at all
+    assert not missing, missing
+
+
+def _render_trust(tmp_path: Path, *extra: str) -> tuple[dict[str, Any], str, str]:
+    """bookie.toml, zoo.cfg and bk-client.env rendered from the roles' defaults and vars for a
+    host of an inventory with one ZooKeeper server (10.0.0.11): (bookie.toml parsed, zoo.cfg, env)."""
+    roles = ANSIBLE_DIR / "roles"
+    tmp_path.mkdir()
+    (tmp_path / "inventory.ini").write_text("[zookeeper]\nzk1 zookeeper_connect_address=10.0.0.11\n\n"
+                                            "[bookies]\nlocalhost ansible_connection=local\n")
+    play = tmp_path / "render.yml"
+    templates = {"bookie.toml": "bookie/templates/bookie.toml.j2", "zoo.cfg": "zookeeper/templates/zoo.cfg.j2",
+                 "bk-client.env": "bookie/templates/bk-client.env.j2"}
+    tasks = "".join(f"""    - name: Render {name}
+      ansible.builtin.template:
+        src: {roles}/{src}
+        dest: {tmp_path}/{name}
+        mode: "0600"
+""" for name, src in templates.items())
+    play.write_text(f"""---
+- name: Render the trust settings
+  hosts: localhost
+  gather_facts: false
+  vars_files:
+    - {roles}/zookeeper/defaults/main.yml
+    - {roles}/zookeeper/vars/main.yml
+    - {roles}/bookie/defaults/main.yml
+    - {roles}/bookie/vars/main.yml
+  tasks:
+{tasks}""")
+    render = subprocess.run(
+        [tool("ansible-playbook"), "-i", str(tmp_path / "inventory.ini"), str(play),
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", "zookeeper_id=1",
+         "-e", "bookie_advertised_address=10.0.1.11", "-e", "pki_zk_auth=digest:bookkeeper:not-a-secret", *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ansible_env(), stdin=subprocess.DEVNULL)
+    assert render.returncode == 0, render.stdout[-5000:] + render.stderr[-3000:]
+    return (tomllib.loads((tmp_path / "bookie.toml").read_text()), (tmp_path / "zoo.cfg").read_text(),
+            (tmp_path / "bk-client.env").read_text())
+
+
+def test_secure_by_default_and_plain_text_only_when_the_inventory_says_so(tmp_path: Path) -> None:
+    """With the roles' defaults a bookie requires TLS with its certificate, authenticates by
+    token, checks roles, holds ZooKeeper credentials and reaches ZooKeeper on its TLS port,
+    whose plain port serves 127.0.0.1 alone; bk on the host gets the CA, the admin token (a
+    file, not its text) and the credentials. bk_insecure_plaintext=true leaves every trust key
+    out and opens the plain port; one override (bookie_tls=optional) changes that key alone."""
+    toml, zoo, env = _render_trust(tmp_path / "secure")
+    trust = "/etc/bookkeeper/trust"
+    assert {k: toml.get(k) for k in ("metadata_uri", "tls", "tls_cert_file", "tls_key_file", "tls_ca_file",
+                                     "auth_provider", "auth_token_keys_file", "auth_token", "authz_file",
+                                     "zk_auth", "password_seal_key_file")} == {
+        "metadata_uri": "zk+tls://10.0.0.11:2281/ledgers", "tls": "require",
+        "tls_cert_file": f"{trust}/bookie.pem", "tls_key_file": f"{trust}/bookie-key.pem",
+        "tls_ca_file": f"{trust}/ca.pem", "auth_provider": "token",
+        "auth_token_keys_file": f"{trust}/token_keys.toml", "auth_token": f"file:{trust}/bookie.token",
+        "authz_file": f"{trust}/authz.toml", "zk_auth": "digest:bookkeeper:not-a-secret",
+        "password_seal_key_file": f"{trust}/seal_key.pem"}
+    assert "tls_client_auth" not in toml
+    zoo_lines = set(zoo.splitlines())
+    assert {"clientPortAddress=127.0.0.1", "secureClientPort=2281", "secureClientPortAddress=0.0.0.0",
+            "ssl.clientAuth=none", "ssl.protocol=TLSv1.3", "ssl.keyStore.type=PEM"} <= zoo_lines, zoo
+    assert {"BK_TLS=require", f"BK_TLS_CA_FILE={trust}/ca.pem", "BK_AUTH_PROVIDER=token",
+            f"BK_AUTH_TOKEN=file:{trust}/admin.token", "BK_ZK_AUTH=digest:bookkeeper:not-a-secret",
+            "BK_METADATA_URI=zk+tls://10.0.0.11:2281/ledgers"} <= set(env.splitlines()), env
+
+    toml, zoo, env = _render_trust(tmp_path / "plain", "-e", "bk_insecure_plaintext=true")
+    trust_keys = {f.name for f in fields(BookieConfig)
+                  if f.name.startswith(("tls", "auth", "authz", "zk_auth", "password_seal"))}
+    assert not trust_keys & set(toml), toml
+    assert toml["metadata_uri"] == "zk://10.0.0.11:2181/ledgers"
+    assert "clientPortAddress=0.0.0.0" in zoo.splitlines() and "secureClientPort" not in zoo, zoo
+    assert not [line for line in env.splitlines() if line.startswith("BK_") and "METADATA_URI" not in line], env
+
+    toml, _, env = _render_trust(tmp_path / "optional", "-e", "bookie_tls=optional")
+    assert toml["tls"] == "optional" and toml["auth_provider"] == "token" and "BK_TLS=optional" in env.splitlines()
