@@ -22,6 +22,16 @@ unanswered, until its answers drain; at most `max_long_polls_per_connection` par
 polls per connection (one over it is answered at once with the current state), none on a
 ledger this shard does not hold (NO_SUCH_LEDGER at once); a connection with no request for
 `idle_timeout_s` and nothing outstanding is closed.
+
+Trust (`ShardTrust`, bookkeeper/bookie/trust.py; docs/protocol.md START_TLS, AUTH,
+Authorization): a connection that must prove something (tls = require, an auth_provider) is
+not `open` until it has; until then its frames are parsed here, at most 64 KiB each, only
+START_TLS and AUTH served, within auth_timeout_s, at most max_unauthenticated_connections
+per shard, and an address that keeps failing is backed off. TLS is uvloop's start_tls on the
+same protocol object, so every bound above holds through the SSL transport, and a receive
+buffer's answers still leave in one write (one TLS write). Once open, each op's role is
+checked against the principal's cached roles before storage is touched; the C add path
+takes only the adds the connection's `add_roles` cover.
 """
 from __future__ import annotations
 
