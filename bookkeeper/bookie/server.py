@@ -203,6 +203,7 @@ class BookieProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.held.clear()
+        self._buf.clear()  # the auth sweep may keep this object until its deadline: not its bytes
         if self._expiry is not None:
             self._expiry.cancel()
         self.shard.unauthenticated.discard(self)
