@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -16,8 +17,8 @@ import uvloop
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms, peak_rss_mb
 from bookkeeper._ext.client import DIGEST_CRC32C, encode_entry
 from bookkeeper.client import BookKeeper
-from bookkeeper.proto import Op, shard_for_ledger
-from bookkeeper.testing.cluster import LocalCluster
+from bookkeeper.proto import NO_KEY, Op, shard_for_ledger
+from bookkeeper.testing.cluster import LocalBookie, LocalCluster
 
 PRODUCTION_JOURNAL = {"journal_preallocate_bytes": 64 << 20}  # the bookie default, not the test harness's
 
@@ -302,14 +303,21 @@ def bookie_bench(directory: str, *, shards: int, size: int, seconds: float, wind
 
 
 def cluster_bench(directory: str, *, size: int, seconds: float, window: int,
-                  sync: str = "io_uring", driver: str = "client") -> list[BenchResult]:
+                  sync: str = "io_uring", driver: str = "client", tls: bool = False,
+                  sizes: tuple[int, ...] | None = None) -> list[BenchResult]:
     """3 bookies, a 3/2/2 ledger written through a write handle (the real client: striping,
     quorum, in-order acks). Two phases, seconds / 2 each: closed loop at W=window (the
     peak), then W=1 with a tailing reader (another client in this process) following the
     ledger until the writer closes it. Three rows: the two phases' add latencies, and the
     tail latency, from the writer's ack of an entry to the reader's delivery of it, with
     its maximum (the close is part of the phase: the last entry's delivery counts).
-    driver: how the handle is driven (handle_adds)."""
+    driver: how the handle is driven (handle_adds).
+
+    tls: instead, what TLS costs (tls_cluster_bench): plain, TLS and mTLS at each of `sizes`
+    (default 100 B, 1 KiB, 64 KiB; `size` is then unused)."""
+    if tls:
+        return tls_cluster_bench(directory, sizes=sizes or TLS_BENCH_SIZES, seconds=seconds, window=window,
+                                 sync=sync, driver=driver)
     cluster = LocalCluster(tempfile.mkdtemp(prefix="cluster-", dir=directory), bookies=3, shards=1, journal_sync=sync,
                            bookie_conf=PRODUCTION_JOURNAL)
     cluster.start()
@@ -396,3 +404,110 @@ def read_bench(directory: str, *, size: int, entries: int, sync: str = "io_uring
                        {"entry_bytes": size, "entries": n,
                         "latency_note": "per entry, averaged per read call of ~32 MiB (256-8192 entries)",
                         "peak_rss_mb": rss})
+
+
+TLS_BENCH_SIZES = (100, 1024, 65536)
+TLS_MODES_BENCHED = ("plain", "tls", "mtls")
+MAX_BYTES_IN_FLIGHT = 64 << 20  # a phase's window is cut to this over the entry size (64 KiB: W <= 1024)
+
+
+def _bookie_trust(mode: str) -> dict[str, Any]:
+    """The bookies' trust keys for a mode: `optional` serves plain and TLS clients alike;
+    mTLS asks every client for its certificate, and takes the principal from it."""
+    if mode == "mtls":
+        return {"tls": "require", "tls_client_auth": True, "auth_provider": "mtls"}
+    return {"tls": "optional", "tls_client_auth": False, "auth_provider": ""}
+
+
+def _client_trust(cluster: LocalCluster, mode: str) -> dict[str, Any]:
+    if mode == "plain":
+        return {}
+    return cluster.client_trust("bench" if mode == "mtls" else None, auth="mtls" if mode == "mtls" else "")
+
+
+async def _handshake_ms(bk: BookKeeper, bookies: list[str], rounds: int = 5) -> float:
+    """Connect -> first answer (GET_BOOKIE_INFO) of a new connection: TCP, START_TLS, the TLS
+    handshake, the identity check and AUTH where the mode has them. The median over `rounds`
+    new connections to each bookie (the client's connections are dropped before each round)."""
+    times = []
+    for _ in range(rounds):
+        bk.pool.close()
+        for b in bookies:
+            t0 = time.perf_counter()
+            await bk.pool.call(b, Op.GET_BOOKIE_INFO, 0, 0, -1, NO_KEY)
+            times.append((time.perf_counter() - t0) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def _shard_pids(bookies: list[LocalBookie]) -> dict[str, int]:
+    return {f"bookie{i}-shard[{pid}]": pid for i, b in enumerate(bookies) for pid in b.shard_pids()}
+
+
+def tls_cluster_bench(directory: str, *, sizes: tuple[int, ...] = TLS_BENCH_SIZES, seconds: float, window: int,
+                      sync: str = "io_uring", driver: str = "client") -> list[BenchResult]:
+    """What TLS costs a 3/2/2 writer. Two clusters of 3 bookies, certificates from a
+    throw-away CA (one per bookie id): `tls = optional` serves the plain and the TLS client,
+    `require` + client certificates + `mtls` authentication the mTLS one. At each size the
+    three modes run one after the other (so drift on a shared machine hits all three alike):
+    closed loops at W=window (cut to MAX_BYTES_IN_FLIGHT / size), `seconds` split evenly
+    over the 3 x len(sizes) phases (at least 1 s each).
+
+    Each row: adds/s, latency, the client's and the bookies' CPU per add (us: this process;
+    the sum over the cluster's shard processes, from /proc/<pid>/stat), the handshake time
+    (connect -> first answer, median) and, for TLS and mTLS, adds/s as a share of plain at
+    the same size (issue 23's bar: TLS costs <= 30 % of adds/s at 1 KiB)."""
+    from bookkeeper.testing.pki import TestPKI
+
+    work = tempfile.mkdtemp(prefix="cluster-tls-", dir=directory)
+    pki = TestPKI(os.path.join(work, "pki"))
+    clusters = {kind: LocalCluster(os.path.join(work, kind), bookies=3, shards=1, journal_sync=sync, pki=pki,
+                                   bookie_conf=PRODUCTION_JOURNAL, bookie_trust=_bookie_trust(kind))
+                for kind in ("plain", "mtls")}
+    of_mode = {"plain": clusters["plain"], "tls": clusters["plain"], "mtls": clusters["mtls"]}
+    phase_s = max(1.0, seconds / (len(TLS_MODES_BENCHED) * len(sizes)))
+    rows: list[tuple[str, int, int, Latencies, float, dict[str, float], float]] = []
+    try:
+        for c in clusters.values():
+            c.start()
+
+        async def main() -> None:
+            clients = {mode: await BookKeeper.connect(of_mode[mode].metadata_uri, max_outstanding_adds=1 << 20,
+                                                      **_client_trust(of_mode[mode], mode))
+                       for mode in TLS_MODES_BENCHED}
+            try:
+                handshake = {mode: await _handshake_ms(bk, [b.bookie_id for b in of_mode[mode].bookies])
+                             for mode, bk in clients.items()}
+                for size in sizes:
+                    for mode, bk in clients.items():
+                        watch = ProcessWatch({"client": os.getpid(), **_shard_pids(of_mode[mode].bookies)})
+                        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+                        lat, before = histogram(), watch.cpu()
+                        n, dt = await closed_loop([handle_adds(lh, driver)], os.urandom(size), phase_s,
+                                                  max(1, min(window, MAX_BYTES_IN_FLIGHT // size)), lat)
+                        after = watch.cpu()
+                        cpu = {"client": (after["client"] - before["client"]) / max(1, n) * 1e6,
+                               "bookies": sum(after[k] - before[k] for k in after
+                                              if k != "client" and k in before) / max(1, n) * 1e6}
+                        rows.append((mode, size, n, lat, dt, cpu, handshake[mode]))
+                        await lh.close()
+            finally:
+                for bk in clients.values():
+                    await bk.close()
+        uvloop.run(main())
+    finally:
+        for c in clusters.values():
+            c.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    plain = {size: n / dt for mode, size, n, _, dt, _, _ in rows if mode == "plain"}
+    results = []
+    for mode, size, n, lat, dt, cpu, handshake_ms in rows:
+        rate = n / dt
+        share = rate / plain[size] if plain.get(size) else None
+        vs = f" ({share:.0%} of plain)" if mode != "plain" and share is not None else ""
+        results.append(BenchResult(
+            f"cluster 3/2/2 {size} B {mode}{vs}", rate, n * size / dt / 1e6, latency_ms(lat),
+            {"entry_bytes": size, "mode": mode, "sync": sync, "driver": driver,
+             "window": max(1, min(window, MAX_BYTES_IN_FLIGHT // size)),
+             "client_cpu_us_per_add": round(cpu["client"], 2), "bookies_cpu_us_per_add": round(cpu["bookies"], 2),
+             "handshake_ms": round(handshake_ms, 2), "adds_vs_plain": round(share, 3) if share is not None else None}))
+    return results
