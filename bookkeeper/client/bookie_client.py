@@ -373,7 +373,11 @@ class ShardConnection:
         """Run the next AUTH exchange when the plug-in says its credential needs renewing."""
         if self._transport is not transport:
             return
-        delay = _plugin_step(self.trust.auth.name, self.peer, session.renew_after_s)  # type: ignore[union-attr]
+        try:
+            delay = _plugin_step(self.trust.auth.name, self.peer, session.renew_after_s)  # type: ignore[union-attr]
+        except AuthenticationError as e:
+            self._lost(e, error=e)
+            return
         if delay is not None:
             self._renewal = self._loop.call_later(max(0.0, delay), self._renew, transport)
 
