@@ -218,7 +218,7 @@ def test_a_certificate_for_another_bookie_id_is_refused(mtls_cluster: LocalClust
 
 def test_a_client_certificate_that_expires_is_refused_afterwards_naming_the_expiry(mtls_cluster: LocalCluster,
                                                                                   pki: TestPKI) -> None:
-    cert, key = pki.expiring_client("brief", 6)
+    cert, key = pki.expiring_client("brief", 8)
     kwargs = {**mtls_cluster.client_trust(), "auth_provider": "mtls", "tls_cert_file": cert, "tls_key_file": key}
 
     async def main() -> None:
@@ -230,7 +230,7 @@ def test_a_client_certificate_that_expires_is_refused_afterwards_naming_the_expi
         err = await _first_add_error(mtls_cluster.metadata_uri, **kwargs)
         assert isinstance(err, errors.AuthenticationError), f"{type(err).__name__}: {err}"
         assert "expired" in str(err)
-    expires = time.time() + 6
+    expires = time.time() + 8
     run(main())
 
 
