@@ -80,6 +80,7 @@ def test_a_3_2_2_ledger_is_written_and_read_over_mtls(mtls_cluster: LocalCluster
     ("plain client", "TLS required"),
     ("untrusted CA", "not signed by a trusted CA"),
     ("client certificate of another CA", "did not accept this client's certificate"),
+    ("client certificate of another CA, no AUTH", "did not accept this client's certificate"),
 ])
 def test_refused_with_the_reason(mtls_cluster: LocalCluster, pki: TestPKI, case: str, expected: str) -> None:
     other = pki.other_ca()
@@ -88,6 +89,8 @@ def test_refused_with_the_reason(mtls_cluster: LocalCluster, pki: TestPKI, case:
         "untrusted CA": {**mtls_cluster.client_trust("alice"), "tls_ca_file": other.ca_file},
         "client certificate of another CA": {**mtls_cluster.client_trust(), "auth_provider": "mtls",
                                              **dict(zip(("tls_cert_file", "tls_key_file"), other.client("mallory")))},
+        "client certificate of another CA, no AUTH": {  # refused at its first request, not in set-up
+            **mtls_cluster.client_trust(), **dict(zip(("tls_cert_file", "tls_key_file"), other.client("eve")))},
     }[case]
     err = run(_first_add_error(mtls_cluster.metadata_uri, **kwargs))
     assert isinstance(err, errors.AuthenticationError), f"{type(err).__name__}: {err}"

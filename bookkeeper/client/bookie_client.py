@@ -43,6 +43,10 @@ Callback = Callable[[Any, tuple[Any, ...] | None, BKError | None], None]
 AuthRound = Callable[[bytes], Awaitable[tuple[int, int, bytes]]]
 
 MAX_REASON_CHARS = 512  # of a bookie's reason text quoted in an exception
+# A bookie refuses a client certificate as soon as the handshake's last flight reaches it: a
+# close this soon after the handshake, before any answer, is read as that refusal; a later one
+# (a bookie that died under a long poll, say) stays a lost connection, which is retried.
+CERT_REFUSAL_WINDOW_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,7 @@ class _ShardProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._current():
+            self.conn.answered = True
             self._dispatch(self.conn.pipe.buffer_updated, nbytes)
 
     def feed(self, data: bytes) -> None:
@@ -294,6 +299,11 @@ class ShardConnection:
         # The bookie's last AUTHENTICATION answer on this connection: it closes the connection
         # after one, and the requests lost with it fail for that reason, not as "lost".
         self._refused: AuthenticationError | None = None
+        # Whether the bookie answered anything on this transport, and what a close before it
+        # did means (client_cert_refusal; None when the client presented no certificate).
+        self.answered = False
+        self._unanswered_close: Callable[[], AuthenticationError | None] | None = None
+        self._handshake_at = 0.0
 
     def _error_for(self, status: int, payload: Any = b"") -> BKError:
         err = error_for_status(status, f"bookie {self.peer}: {bookie_reason(status, payload)}")
@@ -322,6 +332,7 @@ class ShardConnection:
         """TCP connect, then START_TLS and the identity check, then the AUTH exchange (each when
         configured): the transport to attach (its protocol a _ShardProtocol of this connection)
         and the AUTH session, whose plug-in says when to renew."""
+        self._unanswered_close = None
         if not self.trust.sets_up:
             transport, _ = await self._loop.create_connection(lambda: _ShardProtocol(self), self.host, self.port)
             return transport, None
@@ -340,6 +351,10 @@ class ShardConnection:
         protocol = _ShardProtocol(self)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
+        # Set-up answered nothing when it had no AUTH round: a close soon after, before the first
+        # answer, is then still the bookie refusing this client's certificate.
+        self._unanswered_close = setup.refusal if session is None else None
+        self._handshake_at = time.monotonic()
         return transport, session
 
     async def _start_tls(self, transport: asyncio.Transport, setup: _SetupProtocol) -> asyncio.Transport:
@@ -418,6 +433,7 @@ class ShardConnection:
         send what waited for it. `bk bench client` attaches an in-process echo this way."""
         self._transport = transport
         self._refused = None
+        self.answered = False
         if transport.is_closing():  # lost before it was attached: its connection_lost was ignored
             self._lost(None)
             return
@@ -453,7 +469,9 @@ class ShardConnection:
         self._cancel_renewal()
         self.pipe.connected = False
         self.pipe.discard_outbox()
-        err = (error or self._refused or tls_refusal(exc, self.peer)
+        refusal = (self._unanswered_close if not self.answered
+                   and time.monotonic() - self._handshake_at < CERT_REFUSAL_WINDOW_S else None)
+        err = (error or self._refused or tls_refusal(exc, self.peer) or (refusal() if refusal is not None else None)
                or BookieUnavailableError(f"connection to {self.peer} lost: {exc or 'closed'}"))
         self._refused = None
         self.pipe.fail_all(err)
