@@ -12,9 +12,13 @@
 
 --sanitized DIR: import the Cython modules (bookkeeper._ext.*) from DIR, a build made with
 clang -fsanitize=address,undefined,fuzzer-no-link (`make fuzz` builds build/fuzz); the
-process must then run with atheris's asan_with_fuzzer.so preloaded and PYTHONMALLOC=malloc
-(--all sets both for its children), so that an over-read of a small bytes object is seen by
-ASan rather than hidden inside pymalloc's arenas.
+fuzzing process then runs with atheris's asan_with_fuzzer.so preloaded and
+PYTHONMALLOC=malloc, so that an over-read of a small bytes object is seen by ASan rather than
+hidden inside pymalloc's arenas.
+
+A run is two processes: this one, which owns a temporary directory (TMPDIR of the other) and
+removes it at the end, and the one atheris fuzzes in (libFuzzer ends it with C's exit(): no
+Python clean-up runs there).
 """
 from __future__ import annotations
 
@@ -71,7 +75,20 @@ def load_target(name: str, *, instrument: bool = False, sanitized: Path | None =
         return importlib.import_module(f"targets.{name}")
 
 
-def fuzz(name: str, sanitized: Path | None, libfuzzer_args: list[str]) -> None:
+def fuzz(name: str, sanitized: Path | None, libfuzzer_args: list[str]) -> int:
+    """Fuzz in a child process whose temporary files (the targets' shards, logs, keys) all go
+    to one directory removed here after it: libFuzzer ends its process with C's exit(), so a
+    target's own clean-up never runs. Returns the child's exit status."""
+    with tempfile.TemporaryDirectory(prefix=f"fuzz-{name}-") as tmp:
+        env = {**sanitizer_env(sanitized), "TMPDIR": tmp}
+        cmd = [sys.executable, str(FUZZ_DIR / "run.py"), name, "--child"]
+        if sanitized is not None:
+            cmd += ["--sanitized", str(sanitized)]
+        return subprocess.run(cmd + libfuzzer_args, env=env, stdin=subprocess.DEVNULL).returncode
+
+
+def fuzz_here(name: str, sanitized: Path | None, libfuzzer_args: list[str]) -> None:
+    """atheris in this process: it never returns (libFuzzer exits when done or on a crash)."""
     import atheris
     module = load_target(name, instrument=True, sanitized=sanitized)
     atheris.Setup([sys.argv[0], *libfuzzer_args], module.one_input)
@@ -89,7 +106,7 @@ def write_seeds() -> None:
 
 
 def sanitizer_env(sanitized: Path | None) -> dict[str, str]:
-    """The environment of a fuzzing child: with a sanitized build, ASan's runtime (atheris's,
+    """The environment of the fuzzing child: with a sanitized build, ASan's runtime (atheris's,
     which carries libFuzzer and UBSan's handlers) preloaded, and every allocation through malloc."""
     env = dict(os.environ)
     if sanitized is not None:
@@ -138,8 +155,8 @@ def fuzz_all(seconds: int, sanitized: Path | None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"fuzz-{name}-") as scratch:
             t0 = time.monotonic()
             proc = subprocess.run(fuzz_command(name, seconds, Path(scratch), CORPUS / name, sanitized),
-                                  env=sanitizer_env(sanitized), capture_output=True, text=True,
-                                  timeout=seconds + 300, cwd=REPO, stdin=subprocess.DEVNULL)
+                                  capture_output=True, text=True, timeout=seconds + 300, cwd=REPO,
+                                  stdin=subprocess.DEVNULL)
         rate, crash = summarize(proc.stdout + proc.stderr)
         if proc.returncode != 0 and crash is None:
             print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
@@ -159,6 +176,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--seed", action="store_true")
     parser.add_argument("--sanitized", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.seed:
         write_seeds()
@@ -167,8 +185,9 @@ def main() -> int:
         return fuzz_all(args.seconds, args.sanitized)
     if args.target is None:
         parser.error("a target, --all or --seed")
-    fuzz(args.target, args.sanitized, rest)
-    return 0
+    if args.child:
+        fuzz_here(args.target, args.sanitized, rest)
+    return fuzz(args.target, args.sanitized, rest)
 
 
 if __name__ == "__main__":

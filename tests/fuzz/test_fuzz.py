@@ -12,6 +12,7 @@ build with ASan and UBSan.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,10 +93,16 @@ class _Run:
         try:
             rc = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.stop()
             rc = self.proc.wait()
         output = self.log.read_text(errors="replace")
         return (rc, output, *summarize(output))
+
+    def stop(self) -> None:
+        """Kill the run and the process fuzzing under it (its own session)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _start(name: str, seconds: int, tmp: Path, env: dict[str, str]) -> _Run:
@@ -104,9 +111,10 @@ def _start(name: str, seconds: int, tmp: Path, env: dict[str, str]) -> _Run:
     artifacts.mkdir()
     log = tmp / f"{name}.log"
     with open(log, "wb") as out:
-        # The per-input bound past the test's own wait (fuzz_command says why).
+        # The per-input bound past the test's own wait (fuzz_command says why); the runs' own
+        # temporary files under tmp, which pytest removes, whatever ends them.
         proc = subprocess.Popen(fuzz_command(name, seconds, scratch, artifacts, None, input_timeout_s=600),
-                                cwd=REPO, env=env,
+                                cwd=REPO, env={**env, "TMPDIR": str(tmp)}, start_new_session=True,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return _Run(proc, log, artifacts)
 
@@ -123,9 +131,7 @@ def fuzz_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _R
         yield runs
     finally:
         for run in runs.values():
-            if run.proc.poll() is None:
-                run.proc.kill()
-                run.proc.wait()
+            run.stop()
 
 
 @pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.xfail(reason=FUZZ_XFAIL[t], strict=False))

@@ -10,7 +10,6 @@ Anything else is a crash.
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, encode_batch
 from bookkeeper.bookie.storage.entrylog import _IDX_VAL, LOG_MAGIC, read_records
 
-_DIR = Path(tempfile.mkdtemp(prefix="fuzz-entrylog-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+_DIR = Path(tempfile.mkdtemp(prefix="fuzz-entrylog-"))
 _LOG = _DIR / "0.log"
 atexit.register(shutil.rmtree, _DIR, True)
 
