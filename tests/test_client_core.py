@@ -87,7 +87,7 @@ def make_pipe(n: int = 0, max_frame: int = MAX) -> tuple[RequestPipe, list, list
     """(pipe, flush calls, callback calls): error_for(status) is ("error", status); n requests "ctx0".. sent.
     A scheduled flush is recorded as 1, an eager one (outbox past 16 KiB) as "now"."""
     flushes: list = []
-    pipe, calls = RequestPipe(max_frame, lambda status: ("error", status), lambda: flushes.append(1),
+    pipe, calls = RequestPipe(max_frame, lambda status, payload=b"": ("error", status), lambda: flushes.append(1),
                               lambda: flushes.append("now")), []
     for i in range(n):
         send(pipe, calls, f"ctx{i}")  # request id i + 1

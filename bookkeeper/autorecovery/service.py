@@ -45,11 +45,11 @@ def bookie_client_trust(cfg: BookieConfig) -> dict[str, Any]:
     credentials. Its copies read from and write to other bookies, which check their clients
     as this bookie checks its own: TLS as the bookie's `tls` says, against its CA, with its
     certificate as the client certificate (a bookie certificate is issued for client use too),
-    and its auth_provider with its auth_token. ConfigError (naming auto-recovery) when those
+    and its auth_provider with its auth_token; its seal key opens the ledgers' passwords. ConfigError (naming auto-recovery) when those
     cannot make a client, e.g. auth_provider = "token" without the bookie's own auth_token."""
     kwargs: dict[str, Any] = {"tls": cfg.tls, "tls_reload_interval_s": cfg.tls_reload_interval_s,
                               "auth_provider": cfg.auth_provider, "auth_token": cfg.auth_token,
-                              "zk_auth": cfg.zk_auth}
+                              "zk_auth": cfg.zk_auth, "password_seal_key_file": cfg.password_seal_key_file}
     if cfg.tls != "off":
         kwargs.update(tls_ca_file=cfg.tls_ca_file, tls_cert_file=cfg.tls_cert_file, tls_key_file=cfg.tls_key_file)
     try:

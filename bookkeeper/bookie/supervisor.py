@@ -63,10 +63,12 @@ FAILED_SHARD_RESTART_S = 5.0  # a shard whose journal failed is restarted this l
 def start_autorecovery(cfg: BookieConfig) -> Any:
     """The auditor candidate and a replication worker inside this bookie (autorecovery = true)."""
     from bookkeeper.autorecovery import AutoRecoveryService
+    from bookkeeper.autorecovery.service import bookie_client_trust
 
     service = AutoRecoveryService(cfg.metadata_uri, lost_bookie_delay_s=cfg.lost_bookie_delay_s,
                                   open_ledger_rereplication_grace_s=cfg.open_ledger_rereplication_grace_s,
-                                  audit_interval_s=cfg.audit_interval_s, bookie_id=cfg.id)
+                                  audit_interval_s=cfg.audit_interval_s, bookie_id=cfg.id,
+                                  client_kwargs=bookie_client_trust(cfg))
     service.start()
     return service
 

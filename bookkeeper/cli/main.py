@@ -220,7 +220,7 @@ def cmd_autorecovery_run(args: argparse.Namespace) -> int:
     security = zk_security_from(ClientConfig(**client_settings()).validate())
     ZkMetadataStore(uri, create=False, security=security).close()  # a wrong URI or credential fails now
     logging.getLogger().setLevel(logging.INFO)
-    service = AutoRecoveryService(uri, lost_bookie_delay_s=args.lost_bookie_delay_s,
+    service = AutoRecoveryService(uri, client_kwargs=client_settings(), lost_bookie_delay_s=args.lost_bookie_delay_s,
                                   open_ledger_rereplication_grace_s=args.open_ledger_grace_s,
                                   audit_interval_s=args.audit_interval_s)
     stop = threading.Event()
@@ -583,7 +583,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        sync=args.sync)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
-                                        window=window, sync=args.sync, driver=_handle_driver(args))
+                                        window=window, sync=args.sync, driver=_handle_driver(args), tls=args.tls,
+                                        sizes=sizes)
             else:
                 results = [read_bench(str(work), size=(sizes or (4096,))[0], entries=args.entries, sync=args.sync)]
         finally:
@@ -711,6 +712,9 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="bookie (default raw): send from the client's Cython pipe (raw, lighter than a shard); "
                         "bookie, client, cluster (default client): through write handles with a future per add "
                         "(client), a callback per add (callback) or add_entries_async batches (batch)")
+    s.add_argument("--tls", action="store_true",
+                   help="cluster: plain, TLS and mTLS clients in one run at each --size (default 100, 1024, "
+                        "65536), with CPU per add and handshake times")
     s.add_argument("--in-shard", action="store_true",
                    help="bookie: drive each shard's storage path in-process (no network, no client)")
     s.add_argument("--journal-reuse-files", type=int, default=4, metavar="N",

@@ -63,8 +63,8 @@ def add_zk_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="put ACLs on every znode and seal every ledger password, in place, live")
     s.add_argument("--uri", dest="metadata_uri", default=argparse.SUPPRESS, metavar="URI",
                    help="the metadata URI (as --metadata-uri)")
-    s.add_argument("--zk-auth", default="", metavar="digest:USER:PASSWORD",
-                   help="the cluster's writing principal (default: BK_ZK_AUTH)")
+    s.add_argument("--zk-auth", default="", metavar="CREDENTIAL",
+                   help="the cluster's writing principal, digest:USER:PASSWORD (default: BK_ZK_AUTH)")
     s.add_argument("--readonly-user", default="", metavar="USER:PASSWORD",
                    help="a principal given READ on every znode (default: BK_ZK_READONLY_USER)")
     s.add_argument("--seal-key", default="", metavar="PATH",
