@@ -20,9 +20,11 @@ import io
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from kazoo.client import KazooClient
 from kazoo.security import ACL, Id, Permissions
 
+from bookkeeper import BookKeeper
 from bookkeeper.autorecovery.replicator import UnreplicableError
 from bookkeeper.autorecovery.replicator import _password as replicator_password
 from bookkeeper.cli.zk import add_zk_parsers
@@ -44,7 +47,10 @@ from bookkeeper.meta.underreplication import UnderReplicationManager
 from bookkeeper.meta.zk import ZkMetadataStore, ledger_path, parse_metadata_uri
 from bookkeeper.meta.zk_security import (SecurityDoc, ZkSecurity, digest_credentials, digest_id, kazoo_options,
                                          node_acls, zk_security_from)
+from bookkeeper.stream import Namespace
+from bookkeeper.testing.cluster import LocalCluster
 from bookkeeper.testing.zookeeper import ZooKeeperServer
+from tests.conftest import run
 
 ADMIN = "digest:admin:s3cret-pw"
 READER = "ro:ro-pw"
@@ -193,6 +199,13 @@ def _walk(kz: KazooClient, root: str) -> Iterator[tuple[str, list[ACL]]]:
         path = stack.pop()
         yield path, kz.get_acls(path)[0]
         stack.extend(f"{path}/{c}" for c in kz.get_children(path))
+
+
+def bk_cli(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`bk` as a subprocess, with only these of the BK_ settings."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BK_")}
+    return subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", *argv], capture_output=True, text=True,
+                          timeout=60, env={**clean, **env}, stdin=subprocess.DEVNULL)
 
 
 def _superuser(server: ZooKeeperServer, auth: str = ADMIN) -> KazooClient:
@@ -445,3 +458,126 @@ def test_auto_recovery_unseals_with_the_private_key_only(zk: tuple[ZooKeeperServ
     finally:
         client.close()
         bookie.close()
+
+
+def test_a_cluster_with_credentials_leaves_nothing_open(tmp_path: Path) -> None:
+    """3 bookies and a client with zk_auth, the bookies with the seal key: a 3/2/2 ledger, a
+    stream and an under-replication mark; then no znode of the tree is open to world, the
+    ledgers' passwords are sealed, `bk ledger metadata` prints neither form, and a client
+    without credentials is refused at connect."""
+    seal_key = tmp_path / "seal.pem"
+    write_private_key(seal_key)
+    cluster = LocalCluster(tmp_path / "c", bookies=3, shards=1,
+                           bookie_conf={"zk_auth": ADMIN, "password_seal_key_file": str(seal_key)})
+    cluster.start()
+    try:
+        uri = cluster.metadata_uri
+
+        async def work() -> int:
+            async with await BookKeeper.connect(uri, zk_auth=ADMIN) as bk:
+                lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PASSWORD)
+                await lh.add_entries([b"entry %d" % i for i in range(20)])
+                await lh.close()
+                rh = await bk.open_ledger(lh.ledger_id, password=PASSWORD)
+                assert [e.data for e in await rh.read(0, 1)] == [b"entry 0", b"entry 1"]
+                urm = UnderReplicationManager(bk.store)
+                await bk.metadata_call(urm.ensure_layout)
+                await bk.metadata_call(urm.mark, lh.ledger_id, ["127.0.0.1:1"])
+            async with await Namespace.connect(uri, "default", zk_auth=ADMIN) as ns:
+                await ns.create_stream("events", ensemble=3, write_quorum=2, ack_quorum=2)
+                async with await ns.open_writer("events") as w:
+                    await w.write(b"record")
+            return int(lh.ledger_id)
+        lid = run(work())
+        kz = _superuser(cluster.zk)
+        try:
+            nodes = list(_walk(kz, "/ledgers"))
+            for path, acls in nodes:
+                assert [(a.id.scheme, a.perms) for a in acls] == [("digest", Permissions.ALL)], (path, acls)
+            names = {p.rsplit("/", 1)[1] for p, _ in nodes}
+            assert {"available", "cookies", "underreplication", "streams", "events", "security"} <= names
+            assert f"L{lid % 10_000:04d}" in names
+            stored = json.loads(kz.get(_ledger_path(uri, lid))[0])
+            assert "password" not in stored and stored["sealed_password"].startswith("v1.")
+            assert stored["creator"] == "admin"
+        finally:
+            kz.stop()
+            kz.close()
+        shown = bk_cli(["ledger", "metadata", str(lid), "--metadata-uri", uri], env={"BK_ZK_AUTH": ADMIN})
+        assert shown.returncode == 0, shown.stderr
+        assert '"creator": "admin"' in shown.stdout and "password\"" not in shown.stdout \
+            and "sealed_password" not in shown.stdout
+        refused = bk_cli(["ledgers", "list", "--metadata-uri", uri], env={})
+        assert refused.returncode == 1 and "no credentials (set zk_auth)" in refused.stderr, refused.stderr
+        print(f"{len(nodes)} znodes, none open; anonymous bk: {refused.stderr.strip()}")
+    finally:
+        cluster.stop()
+
+
+def test_bk_zk_secure_under_a_writer_of_entries(tmp_path: Path) -> None:
+    """A tree laid out and filled without credentials (the cluster's state before its
+    migration), then bookies and a writer given zk_auth: the writer adds entries, and rolls to a
+    new ledger every 50, through the whole `bk zk secure`: 0 errors; afterwards every znode is
+    closed and every ledger's password sealed."""
+    seal_key = tmp_path / "seal.pem"
+    cluster = LocalCluster(tmp_path / "c", bookies=0, shards=1, bookie_conf={"zk_auth": ADMIN}).start()
+    try:
+        uri = cluster.metadata_uri
+        before = ZkMetadataStore(uri)  # the open tree: layout and ledgers without credentials
+        for _ in range(10):
+            before.create_ledger(_md(before))
+        before.close()
+        for _ in range(3):
+            cluster.add_bookie(wait=False)
+        cluster.wait_registered()
+        stop, counts = threading.Event(), {"entries": 0, "ledgers": 0}
+
+        async def write() -> None:
+            async with await BookKeeper.connect(uri, zk_auth=ADMIN) as bk:
+                while not stop.is_set():
+                    lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PASSWORD)
+                    for i in range(50):
+                        await lh.add_entry(b"entry %d" % i)
+                        counts["entries"] += 1
+                    await lh.close()
+                    counts["ledgers"] += 1
+        result: list[BaseException | None] = []
+        thread = threading.Thread(target=lambda: result.append(_capture(lambda: run(write()))))
+        thread.start()
+        while counts["entries"] < 100:
+            time.sleep(0.01)
+        os.environ["BK_ZK_AUTH"] = ADMIN
+        try:
+            out = _zk_secure(["zk", "secure", "--uri", uri, "--seal-key", str(seal_key)])
+        finally:
+            os.environ.pop("BK_ZK_AUTH", None)
+        mark = counts["entries"]
+        while counts["entries"] < mark + 100:
+            time.sleep(0.01)
+        stop.set()
+        thread.join()
+        print(out, f"writer: {counts['entries']} entries in {counts['ledgers']} ledgers, error: {result}")
+        assert result == [None], result
+        kz = _superuser(cluster.zk)
+        try:
+            for path, acls in _walk(kz, "/ledgers"):
+                assert all(a.id.scheme == "digest" for a in acls), (path, acls)
+            store = ZkMetadataStore(uri, create=False, security=ZkSecurity(auth=ADMIN))
+            try:
+                for lid in store.list_ledgers():
+                    assert "password" not in json.loads(kz.get(_ledger_path(uri, lid))[0]), lid
+            finally:
+                store.close()
+        finally:
+            kz.stop()
+            kz.close()
+    finally:
+        cluster.stop()
+
+
+def _capture(fn: Callable[[], object]) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - handed to the test thread, which asserts on it
+        return e
+    return None

@@ -377,7 +377,9 @@ class LocalCluster:
 
     def _read_registrations(self) -> Registrations:
         """Writable registrations: bookie id -> (its data, the session that owns the ephemeral znode)."""
-        zk = KazooClient(hosts=self.zk.connect_string)
+        auth = str(self.bookie_conf.get("zk_auth", ""))  # the bookies' credential reads what they wrote
+        zk = KazooClient(hosts=self.zk.connect_string,
+                         auth_data=[("digest", auth.split(":", 1)[1])] if auth.startswith("digest:") else None)
         zk.start(timeout=10)
         try:
             base = "/ledgers/available"
