@@ -41,7 +41,8 @@ def request_seeds() -> list[bytes]:
 
 
 def response_seeds() -> list[bytes]:
-    """Response buffers for request ids 1..4 (what request_pipe sends), each status shape."""
+    """Response buffers for the requests request_pipe sends (reads 1..8, adds 9 and 10), each
+    status shape."""
     payload = entry(LEDGER, 0, b"y" * 20)
     return [
         encode_responses([(Op.ADD_ENTRY, Status.OK, 1, LEDGER, 0, -1, b"")]),
@@ -53,4 +54,7 @@ def response_seeds() -> list[bytes]:
                           (Op.ADD_ENTRY, Status.UNAUTHORIZED, 2, LEDGER, 1, -1, b"no key")]),
         encode_responses([(Op.ADD_ENTRY, Status.OK, 1, LEDGER, 0, -1, b"")])
         + encode_responses([(Op.READ_ENTRY, Status.OK, 2, LEDGER, 0, 0, payload)])[:50],
+        encode_responses([(Op.ADD_ENTRY, Status.OK, 10, LEDGER, 1, 0, b""), (Op.ADD_ENTRY, Status.OK, 9, LEDGER, 0, -1, b"")]),
+        encode_responses([(Op.ADD_ENTRY, Status.FENCED, 9, LEDGER, 0, -1, b""),
+                          (Op.ADD_ENTRY, Status.OK, 10, LEDGER, 1, -1, b"")]),
     ]
