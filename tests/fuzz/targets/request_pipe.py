@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from bookkeeper._ext.client import AckSink, AddTracker, RequestPipe
+from bookkeeper.client.bookie_client import bookie_reason
 from bookkeeper.errors import BKError, error_for_status
 from bookkeeper.proto import NO_KEY, FrameError, Op
 
@@ -42,6 +43,11 @@ class _LoggedErrors(logging.Handler):
 _LOGGED = _LoggedErrors()
 
 
+def _error_for(status: int, payload: Any = b"") -> BKError:
+    """As the client's connection makes it: the bookie's reason from the answer's payload."""
+    return error_for_status(status, f"bookie fuzz: {bookie_reason(status, payload)}")
+
+
 def _dispatched(chunks: list[bytes]) -> tuple[list[tuple[Any, ...]], bool]:
     """(request id, status, payload bytes or error class) per callback, then the write handle's
     LAC and failed entries, and whether a bad frame ended the feed."""
@@ -59,8 +65,7 @@ def _dispatched(chunks: list[bytes]) -> tuple[list[tuple[Any, ...]], bool]:
         assert isinstance(payload, memoryview if ctx in BORROWING and payload else bytes), type(payload)
         seen.append((ctx, resp[1], bytes(payload), type(err)))
 
-    pipe = RequestPipe(MAX_FRAME, lambda status, *detail: error_for_status(status, *detail), lambda: None,
-                       lambda: None)
+    pipe = RequestPipe(MAX_FRAME, _error_for, lambda: None, lambda: None)
     for rid in range(1, REQUESTS + 1):
         pipe.send(Op.READ_ENTRY, 0, LEDGER, rid, NO_KEY, 0, b"", callback, rid, 60.0, rid in BORROWING)
     for entry_id in (0, 1):
