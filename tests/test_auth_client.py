@@ -78,7 +78,7 @@ def test_auth_frame_payload_and_reason_text() -> None:
 
 def test_auto_recovery_in_a_bookie_connects_with_the_bookies_own_credentials(tmp_path: Path) -> None:
     """The bookie's TLS mode and CA, its certificate as the client certificate, its plug-in and
-    token; none of the TLS files when tls is off; a token bookie without its own token is a
+    token, its seal key; none of the TLS files when tls is off; a token bookie without its own token is a
     ConfigError naming auto-recovery (not retries forever)."""
     from bookkeeper.autorecovery.service import bookie_client_trust
     from bookkeeper.config import BookieConfig
@@ -90,13 +90,15 @@ def test_auto_recovery_in_a_bookie_connects_with_the_bookies_own_credentials(tmp
     base = {"metadata_uri": "zk://127.0.0.1:2181/ledgers", "journal_dir": str(tmp_path), "ledger_dirs": [str(tmp_path)]}
     cfg = BookieConfig(**base, tls="require", tls_cert_file=files["cert"], tls_key_file=files["key"],
                        tls_ca_file=files["ca"], tls_client_auth=True, auth_provider="token",
-                       auth_token_keys_file=files["keys"], auth_token="bk1.a.b", zk_auth="digest:u:p")
+                       auth_token_keys_file=files["keys"], auth_token="bk1.a.b", zk_auth="digest:u:p",
+                       password_seal_key_file=files["keys"])
     assert bookie_client_trust(cfg) == {
         "tls": "require", "tls_reload_interval_s": 60.0, "tls_ca_file": files["ca"], "tls_cert_file": files["cert"],
-        "tls_key_file": files["key"], "auth_provider": "token", "auth_token": "bk1.a.b", "zk_auth": "digest:u:p"}
+        "tls_key_file": files["key"], "auth_provider": "token", "auth_token": "bk1.a.b", "zk_auth": "digest:u:p",
+        "password_seal_key_file": files["keys"]}
     plain = BookieConfig(**base)
     assert bookie_client_trust(plain) == {"tls": "off", "tls_reload_interval_s": 60.0, "auth_provider": "",
-                                          "auth_token": "", "zk_auth": ""}
+                                          "auth_token": "", "zk_auth": "", "password_seal_key_file": ""}
     tokenless = BookieConfig(**base, auth_provider="token", auth_token_keys_file=files["keys"])
     with pytest.raises(errors.ConfigError, match="auto-recovery .* needs auth_token"):
         bookie_client_trust(tokenless)
@@ -127,7 +129,7 @@ def token_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     d = tmp_path_factory.mktemp("auth")
     authz = d / "authz.toml"
     authz.write_text('[principals]\n"writer" = ["write", "read", "recover"]\n"reader" = ["read"]\n'
-                     '"nowrite" = ["read", "recover"]\n')
+                     '"nowrite" = ["read", "recover"]\n"other" = ["write", "read"]\n"ops" = ["admin"]\n')
     c = LocalCluster(d / "cluster", bookies=3, shards=1,
                      bookie_trust={"auth_provider": "token", "authz_file": str(authz)})
     c.start()
@@ -142,11 +144,12 @@ def _secret(cluster: LocalCluster) -> bytes:
 
 
 async def _refused(cluster: LocalCluster, **kwargs: Any) -> BaseException:
-    """The error a client with these connect keywords gets at its first add (timed)."""
-    async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=30.0, **kwargs) as bk:
-        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+    """The error a client with these connect keywords gets at its first ledger (timed): at
+    create_ledger, which asks a bookie who the client is (WHOAMI) to record the creator."""
+    async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=30.0, read_timeout_s=30.0, **kwargs) as bk:
         t0 = time.perf_counter()
         with pytest.raises(errors.BKError) as e:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
             await lh.add_entry(b"x")
         print(f"refused after {(time.perf_counter() - t0) * 1000:.1f} ms: {type(e.value).__name__}: {e.value}")
         return e.value
@@ -161,8 +164,8 @@ async def _refused(cluster: LocalCluster, **kwargs: Any) -> BaseException:
 ])
 def test_each_bad_credential_fails_with_its_reason_not_a_timeout(token_cluster: LocalCluster, case: str,
                                                                   expected: str) -> None:
-    """The add fails with AuthenticationError (not TimeoutError, with a 30 s add timeout) whose
-    message names the bookie and the reason."""
+    """The first ledger fails with AuthenticationError (not TimeoutError, with 30 s add and read
+    timeouts) whose message names the bookie and the reason."""
     kid = LocalCluster.TOKEN_KEY_ID
     kwargs = {
         "bad signature": {"auth_provider": "token",
@@ -244,4 +247,47 @@ def test_a_principal_without_write_cannot_claim_an_unknown_ledger_id(token_clust
                 await lh.add_entry(b"claim")
             with pytest.raises(errors.NoSuchLedgerError):  # nothing was created on the bookie
                 await bk.pool.call(lh.metadata.last_ensemble[0], Op.READ_LAC, 0, lh.ledger_id, -1, NO_KEY)
+    run(main())
+
+
+@pytest.mark.cluster
+def test_only_the_creator_or_an_admin_deletes_a_ledger(token_cluster: LocalCluster) -> None:
+    """Metadata records the creator as the bookies authenticated it (WHOAMI); another principal
+    without `admin` is refused naming itself and the role, and the ledger stays; an admin may."""
+    uri = token_cluster.metadata_uri
+
+    async def main() -> None:
+        async with await BookKeeper.connect(uri, **token_cluster.client_trust("writer")) as w, \
+                await BookKeeper.connect(uri, **token_cluster.client_trust("other")) as o, \
+                await BookKeeper.connect(uri, **token_cluster.client_trust("ops")) as ops:
+            assert await o.whoami() == ("other", frozenset({"write", "read"}))
+            mine, theirs = [await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2) for _ in range(2)]
+            assert (await o.ledger_metadata(mine.ledger_id)).creator == "writer"
+            with pytest.raises(errors.AuthorizationError,
+                               match=f"principal 'other' lacks role 'admin': ledger {mine.ledger_id} was created by "
+                                     f"'writer'"):
+                await o.delete_ledger(mine.ledger_id)
+            assert (await w.ledger_metadata(mine.ledger_id)).creator == "writer"  # still there
+            await w.delete_ledger(mine.ledger_id)  # its creator
+            await ops.delete_ledger(theirs.ledger_id)  # an admin
+            for lid in (mine.ledger_id, theirs.ledger_id):
+                with pytest.raises(errors.NoSuchLedgerError):
+                    await w.ledger_metadata(lid)
+    run(main())
+
+
+@pytest.mark.cluster
+def test_recover_and_decommission_need_the_admin_role(token_cluster: LocalCluster) -> None:
+    """Refused before anything is written (no decommissioning marker), naming principal and role."""
+    from bookkeeper.autorecovery.operations import decommission_bookie, recover_bookie
+
+    async def main() -> None:
+        async with await BookKeeper.connect(token_cluster.metadata_uri, **token_cluster.client_trust("writer")) as w:
+            victim = token_cluster.bookies[0].bookie_id
+            with pytest.raises(errors.AuthorizationError, match="principal 'writer' lacks role 'admin'"):
+                await recover_bookie(w, victim, grace_s=1, timeout_s=5, on_ledger=print, on_note=print)
+            with pytest.raises(errors.AuthorizationError, match="principal 'writer' lacks role 'admin'"):
+                await decommission_bookie(w, victim, grace_s=1, readonly_timeout_s=5, timeout_s=5,
+                                          on_ledger=print, on_note=print)
+            assert not await w.metadata_call(w.store.zk.exists, w.store.decommissioning_path(victim))
     run(main())

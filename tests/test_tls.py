@@ -51,11 +51,12 @@ def mtls_cluster(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iter
 
 
 async def _first_add_error(uri: str, **kwargs: Any) -> BaseException:
-    """The error a client with these keywords gets at its first add, printed with its delay."""
-    async with await BookKeeper.connect(uri, add_timeout_s=30.0, **kwargs) as bk:
-        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+    """The error a client with these keywords gets at its first ledger, printed with its delay:
+    at create_ledger, which asks a bookie who the client is (WHOAMI) to record the creator."""
+    async with await BookKeeper.connect(uri, add_timeout_s=30.0, read_timeout_s=30.0, **kwargs) as bk:
         t0 = time.perf_counter()
         with pytest.raises(errors.BKError) as e:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
             await lh.add_entry(b"x")
         print(f"refused after {(time.perf_counter() - t0) * 1000:.1f} ms: {type(e.value).__name__}: {e.value}")
         return e.value

@@ -34,7 +34,7 @@ from bookkeeper.autorecovery.replicator import (
 )
 from bookkeeper.autorecovery.scan import ledgers_on
 from bookkeeper.client.client import BookKeeper
-from bookkeeper.errors import BKError
+from bookkeeper.errors import AuthorizationError, BKError
 from bookkeeper.meta.underreplication import UnderReplicationManager
 
 RETRY_S = 0.5        # between passes over ledgers that wait (locked elsewhere, open in grace, failed)
@@ -77,10 +77,20 @@ async def _take_off_mark(bk: BookKeeper, urm: UnderReplicationManager, ledger_id
             return
 
 
+async def require_admin(bk: BookKeeper, what: str) -> None:
+    """Moving every copy of a bookie, or retiring it, is the `admin` role's (docs/security.md):
+    the bookies say whether this client has it (WHOAMI); AuthorizationError before anything is
+    written otherwise."""
+    principal, roles = await bk.whoami(fresh=True)
+    if "admin" not in roles:
+        raise AuthorizationError(f"principal {principal!r} lacks role 'admin' (needed to {what})")
+
+
 async def recover_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float, timeout_s: float,
                          on_ledger: OnLedger, on_note: OnNote) -> RecoverySummary:
     """Move every copy the bookie holds elsewhere; raises ReplicationError (or
     UnknownBookieError, before anything is written) if that cannot be done in timeout_s."""
+    await require_admin(bk, f"recover {bookie_id}")
     t0 = time.monotonic()
     started = time.time()
     deadline = t0 + timeout_s
@@ -155,6 +165,7 @@ async def decommission_bookie(bk: BookKeeper, bookie_id: str, *, grace_s: float,
                               timeout_s: float, on_ledger: OnLedger, on_note: OnNote) -> bool:
     """Decommission a live or stopped bookie; returns whether its marker was cleared (False:
     it is still registered, and stays read-only until it is stopped)."""
+    await require_admin(bk, f"decommission {bookie_id}")
     store = bk.store
     if not await bookie_known(bk, bookie_id) and not await ledgers_on(bk, bookie_id):
         raise UnknownBookieError(f"unknown bookie {bookie_id!r}: no cookie, registration, decommission marker or "

@@ -33,7 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.errors import AuthenticationError
-from bookkeeper.security.authz import AuthzPolicy
+from bookkeeper.security.authz import ANONYMOUS, AuthzPolicy
 from bookkeeper.security.tls import ReloadingTLS, principal_of
 from bookkeeper.security.tokens import TokenKeys
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("bookkeeper.bookie")
 
 OPEN_ROUTES = frozenset({"/heartbeat", "/api/v1/bookie/is_ready"})
-ANONYMOUS = "anonymous"
 # Refusals, as /metrics counts them: a failed TLS handshake, plain HTTP on the TLS port, no
 # credential, a credential that did not verify, a principal without the role, the pool full.
 REFUSAL_REASONS = ("tls_handshake", "plain_http", "no_credential", "bad_credential", "forbidden", "busy")

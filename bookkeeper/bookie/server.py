@@ -40,6 +40,7 @@ import enum
 import heapq
 import hmac
 import itertools
+import json
 import logging
 import math
 import shutil
@@ -56,7 +57,6 @@ from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
 from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
 from bookkeeper.bookie.trust import (
-    ANONYMOUS,
     PRE_AUTH_FRAME_BYTES,
     ShardTrust,
     add_roles,
@@ -79,7 +79,7 @@ from bookkeeper.proto import (
     shard_for_ledger,
 )
 from bookkeeper.security.auth import ServerAuthSession
-from bookkeeper.security.authz import ALL_ROLES
+from bookkeeper.security.authz import ALL_ROLES, ANONYMOUS
 from bookkeeper.security.tls import describe_tls_failure
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ Response = tuple[int, int, int, int, int, int, bytes]
 Poll = tuple[int, "BookieProtocol", int, int, int]  # entry, conn, request_id, number, ledger
 # Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
-_WRITE_LAC, _START_TLS, _AUTH = int(Op.WRITE_LAC), int(Op.START_TLS), int(Op.AUTH)
+_WRITE_LAC, _START_TLS, _AUTH, _WHOAMI = int(Op.WRITE_LAC), int(Op.START_TLS), int(Op.AUTH), int(Op.WHOAMI)
 _OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
 _FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
 _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
@@ -452,6 +452,11 @@ class BookieProtocol(asyncio.Protocol):
         self.add_roles = add_roles(self.roles)
         self.roles_gen = authz.generation
 
+    def whoami(self) -> bytes:
+        """WHOAMI's answer: the principal and its roles now (the policy may have been reloaded)."""
+        self._refresh_roles()
+        return json.dumps({"principal": self.principal or ANONYMOUS, "roles": sorted(self.roles)}).encode()
+
     def forbidden(self, frame: tuple[Any, ...], role: str) -> bool:
         """Whether the principal lacks `role` (then answered FORBIDDEN naming both, counted);
         asked only when its cached roles lack it, so the policy has the last word."""
@@ -774,6 +779,8 @@ class ShardServer:
                 usage = shutil.disk_usage(self.data_dir)
                 conn.respond((op, Status.OK, req_id, 0, 0, -1,
                               BOOKIE_INFO.pack(usage.free, usage.total, self.shard_index, self.shards)))
+            elif op == _WHOAMI:
+                conn.respond((op, Status.OK, req_id, ledger_id, entry_id, -1, conn.whoami()))
             elif op == _AUTH:
                 conn.auth_round(frame)  # a renewal on the open connection
             elif op == _START_TLS:

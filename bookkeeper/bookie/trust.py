@@ -19,7 +19,6 @@ from bookkeeper.security.authz import AuthzPolicy
 from bookkeeper.security.tls import ReloadingTLS
 
 PRE_AUTH_FRAME_BYTES = 64 * 1024  # the largest frame a peer may send before it is authenticated
-ANONYMOUS = "anonymous"  # the principal of every connection of a bookie without auth_provider
 _U32 = struct.Struct(">I")
 
 
@@ -71,6 +70,7 @@ def required_role(op: int, flags: int) -> str | None:
     | READ_LAC        | FENCE        | recover |
     | WRITE_LAC       | -            | write   |
     | GET_BOOKIE_INFO | -            | none    |
+    | WHOAMI          | -            | none (the connection's own principal and roles) |
     | other           | -            | none (answered UNKNOWN_OP, or the AUTH exchange) |
 
     Why a recovery add needs `recover`, not `write`: recovery rewrites another writer's

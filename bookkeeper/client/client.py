@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import random
 from collections import defaultdict
@@ -23,9 +24,12 @@ from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
-from bookkeeper.errors import (BKError, DigestMismatchError, MetadataServiceError, NotEnoughBookiesError,
-                               UnauthorizedError)
+from bookkeeper.errors import (AuthorizationError, BKError, BookieUnavailableError, DigestMismatchError,
+                               MetadataServiceError, NotEnoughBookiesError, TimeoutError, UnauthorizedError,
+                               UnknownOpError)
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, check_password, password_digest
+from bookkeeper.proto import NO_KEY, Op
+from bookkeeper.security.authz import ALL_ROLES, ANONYMOUS
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 
@@ -57,6 +61,8 @@ class BookKeeper:
         self._rng = random.Random(seed)
         self._bookies: dict[str, dict[str, Any]] = {}
         self._writable: list[str] = []
+        self._principal = ""  # who the bookies say this client is (whoami), once asked
+        self._roles: frozenset[str] = frozenset()
         # Registrations are re-read only after a ZooKeeper watch says they changed (set from
         # kazoo's thread: a plain attribute write), not on every create, open or ensemble change.
         self._bookies_dirty = True
@@ -230,10 +236,12 @@ class BookKeeper:
             raise NotEnoughBookiesError(f"ensemble of {ensemble} needs {ensemble} writable bookies, "
                                         f"{len(self._writable)} registered")
         chosen = self._place(ensemble, write_quorum)
+        creator = self._principal or (await self.whoami(chosen))[0]
         ledger_id = await self.metadata_call(self.store.allocate_ledger_id)
+        digest_text = await self._loop.run_in_executor(None, password_digest, password)  # scrypt: slow by design
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
-                            ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=password_digest(password),
-                            ensembles={0: chosen}, custom_metadata=custom, password=password)
+                            ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=digest_text,
+                            ensembles={0: chosen}, custom_metadata=custom, password=password, creator=creator)
         md = await self.metadata_call(self.store.create_ledger, md)
         return WriteHandle(self, md, password)
 
@@ -265,8 +273,41 @@ class BookKeeper:
         return handle
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger's metadata; bookies garbage-collect its entries."""
+        """Delete the ledger's metadata; bookies garbage-collect its entries.
+
+        Only its creator, or a principal with the `admin` role, may: the bookies say who this
+        client is (WHOAMI), the metadata who created the ledger. AuthorizationError otherwise.
+        Ledgers created before creators were recorded carry none and are not checked."""
+        md = await self._read_metadata(ledger_id)
+        if md.creator:
+            principal, roles = await self.whoami(md.ensembles[min(md.ensembles)], fresh=True)
+            if principal != md.creator and "admin" not in roles:
+                raise AuthorizationError(f"principal {principal!r} lacks role 'admin': ledger {ledger_id} "
+                                         f"was created by {md.creator!r}")
         await self.metadata_call(self.store.delete_ledger, ledger_id)
+
+    async def whoami(self, bookies: list[str] | None = None, *, fresh: bool = False) -> tuple[str, frozenset[str]]:
+        """This client's principal and roles as the bookies see them (WHOAMI, through the
+        connection's TLS and AUTH set-up): the first of `bookies` (default: the writable ones)
+        that answers. The principal is kept for the client's lifetime (its credential does not
+        change identity); roles are asked again with fresh=True (the authz file is live)."""
+        if self._principal and not fresh:
+            return self._principal, self._roles
+        await self._current_bookies()
+        last: BKError = NotEnoughBookiesError("no bookie to ask who this client is")
+        for bookie_id in list(bookies or []) + sorted(self._writable):
+            try:
+                resp = await self.pool.call(bookie_id, Op.WHOAMI, 0, 0, -1, NO_KEY, timeout_s=self.config.read_timeout_s)
+            except UnknownOpError:  # a bookie older than WHOAMI authorizes nothing
+                self._principal, self._roles = ANONYMOUS, ALL_ROLES
+                return self._principal, self._roles
+            except (BookieUnavailableError, TimeoutError) as e:
+                last = e
+                continue
+            answer = json.loads(bytes(resp[6]))
+            self._principal, self._roles = str(answer["principal"]), frozenset(answer["roles"])
+            return self._principal, self._roles
+        raise last
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         ids = await self.metadata_call(lambda: list(self.store.list_ledgers()))

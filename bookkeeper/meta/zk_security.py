@@ -25,8 +25,8 @@ from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from bookkeeper.errors import BKError, ConfigError
 from bookkeeper.meta.sealing import key_id
+from bookkeeper.security.authz import ANONYMOUS
 
-ANONYMOUS = "anonymous"
 SECURITY_FORMAT = 1
 
 

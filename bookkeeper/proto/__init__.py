@@ -40,6 +40,7 @@ class Op(enum.IntEnum):
     WRITE_LAC = 5      # an idle writer's LAC (entry_id), advisory: kept in memory, never journaled
     START_TLS = 6      # the client's first frame when it wants TLS: answered OK, then the TLS handshake
     AUTH = 7           # one round of an authentication exchange (payload: u8 n, plug-in name, plug-in payload)
+    WHOAMI = 8         # the connection's principal and roles, as JSON: what the client records as a ledger's creator
 
 
 class Flag(enum.IntFlag):

@@ -24,6 +24,7 @@ from bookkeeper.security.reload import LoadError, Reloading
 ROLES = ("write", "read", "recover", "admin")
 WILDCARD = "*"
 ALL_ROLES = frozenset(ROLES)
+ANONYMOUS = "anonymous"  # the principal of every connection to a bookie without auth_provider
 
 
 def parse_policy(text: str, path: str) -> dict[str, frozenset[str]]:
