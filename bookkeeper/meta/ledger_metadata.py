@@ -174,6 +174,10 @@ class LedgerMetadata:
         """Parse a stored znode; refuses formats newer than this code knows."""
         try:
             d = json.loads(data)
+            if not isinstance(d, dict) or not isinstance(d.get("custom_metadata", {}), dict):
+                raise ValueError("not a JSON object of the documented shape")
+            if not d["ensembles"]:
+                raise ValueError("no ensembles")
             fmt = d["format_version"]
             if fmt > FORMAT_VERSION:
                 raise BKError(f"ledger metadata format {fmt} is newer than supported {FORMAT_VERSION}")
@@ -196,5 +200,5 @@ class LedgerMetadata:
                 creator=str(d.get("creator", "")),
                 version=version,
             )
-        except (KeyError, ValueError, TypeError, binascii.Error) as e:
-            raise BKError(f"corrupt ledger metadata: {e}") from e
+        except (KeyError, ValueError, TypeError, OverflowError, RecursionError, binascii.Error) as e:
+            raise BKError(f"corrupt ledger metadata: {e!r}"[:500]) from e

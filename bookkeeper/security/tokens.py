@@ -88,6 +88,9 @@ def mint_token(*, subject: str, ttl_s: float, key_id: str, secret: bytes, now: f
     return f"{TOKEN_VERSION}.{body}.{_mac(secret, body)}"
 
 
+MAX_EXP = 253_402_300_799  # 9999-12-31T23:59:59Z: any later expiry is no date a float or a datetime holds
+
+
 def unverified_claims(token: str) -> TokenClaims:
     """The claims of a token WITHOUT checking its MAC: only for a client deciding when to renew
     its own token. AuthenticationError("malformed token") if it is not a `bk1` token."""
@@ -99,8 +102,8 @@ def unverified_claims(token: str) -> TokenClaims:
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise AuthenticationError("malformed token") from None
     if (not isinstance(claims, dict) or set(claims) != {"sub", "exp", "kid"} or not isinstance(claims["sub"], str)
-            or not claims["sub"] or type(claims["exp"]) is not int or not isinstance(claims["kid"], str)
-            or not KEY_ID_RE.fullmatch(claims["kid"])):
+            or not claims["sub"] or type(claims["exp"]) is not int or not 0 <= claims["exp"] <= MAX_EXP
+            or not isinstance(claims["kid"], str) or not KEY_ID_RE.fullmatch(claims["kid"])):
         raise AuthenticationError("malformed token")
     return TokenClaims(subject=claims["sub"], expires_at=float(claims["exp"]), key_id=claims["kid"])
 

@@ -149,7 +149,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         answer = self._ask(c, Op.READ_LAC, Flag.FENCE, ledger, -1, key, b"")
         assert answer[1] == expected, f"fence {ledger}: {Status(answer[1]).name}, expected {expected.name}"
 
-    @rule(c=st.integers(0, CONNECTIONS - 1), op=st.integers(8, 255))
+    @rule(c=st.integers(0, CONNECTIONS - 1), op=st.integers(max(Op) + 1, 255))
     def unknown_op(self, c: int, op: int) -> None:
         if not self._open(c):
             return

@@ -29,26 +29,6 @@ FUZZ_SECONDS = 3
 PROOF_SECONDS = 60
 TARGETS = target_names()
 
-# Corpus files that still crash, each for a bug whose fix belongs to a file outside this part:
-# strict xfails, so the day the fix lands each must be taken off this list.
-_LEDGER_METADATA = ("LedgerMetadata.deserialize lets a non-BKError escape or returns unusable metadata; "
-                    "fix owed in bookkeeper/meta/ledger_metadata.py (reported to the lead)")
-_TOKEN_EXP = ("a token's exp is not bounded: float() of a huge one raises OverflowError before the signature is "
-              "checked, and an expiry before year 1 fails to be named (ValueError); fix owed in "
-              "bookkeeper/security/tokens.py unverified_claims (reported to the lead)")
-XFAIL = {
-    "ledger_metadata/crash-empty-ensembles": _LEDGER_METADATA,
-    "ledger_metadata/crash-custom-metadata-not-an-object": _LEDGER_METADATA,
-    "ledger_metadata/crash-infinite-ledger-id": _LEDGER_METADATA,
-    "ledger_metadata/crash-deep-nesting": _LEDGER_METADATA,
-    "token_verify/crash-exp-too-large-for-a-float": _TOKEN_EXP,
-    "token_verify/crash-signed-exp-before-year-1": _TOKEN_EXP,
-    "pre_auth/crash-token-exp-too-large-for-a-float": _TOKEN_EXP,
-}
-# Targets whose few seconds of fuzzing find one of those open bugs.
-FUZZ_XFAIL = {"ledger_metadata": _LEDGER_METADATA}
-
-
 def _regressions() -> list[str]:
     """corpus/<target>/<file> names of the inputs that once crashed (all but the seeds)."""
     return sorted(f"{p.parent.name}/{p.name}" for p in CORPUS.glob("*/*") if not p.name.startswith("seed-"))
@@ -75,8 +55,7 @@ def test_every_seed_passes_its_target(target: str) -> None:
         module.one_input(path.read_bytes())
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=XFAIL[n], strict=True))
-                                  if n in XFAIL else n for n in _regressions()])
+@pytest.mark.parametrize("name", _regressions())
 def test_crash_found_once_stays_fixed(name: str) -> None:
     """Every input a fuzzer once crashed on (corpus/<target>/crash-*) is replayed for good."""
     target, _ = name.split("/")
@@ -134,8 +113,7 @@ def fuzz_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _R
             run.stop()
 
 
-@pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.xfail(reason=FUZZ_XFAIL[t], strict=False))
-                                    if t in FUZZ_XFAIL else t for t in TARGETS])
+@pytest.mark.parametrize("target", TARGETS)
 def test_fuzzing_finds_no_crash(target: str, fuzz_runs: dict[str, _Run]) -> None:
     """A few seconds of atheris per target: a crash fails the test with its reproducer."""
     rc, output, rate, crash = fuzz_runs[target].finish(timeout_s=FUZZ_SECONDS + 120)
