@@ -113,7 +113,7 @@ SHA256_OF_A = hashlib.sha256(b"bookkeeper-py:a").hexdigest()  # the digest's fir
     ("scrypt$16384$8$1$!!$!!", b"a", False),      # damaged: matches nothing, raises nothing
     ("scrypt$x", b"a", False),
     ("", b"", False),
-])
+], ids=["sha256-right", "sha256-wrong", "scrypt-right", "scrypt-wrong", "scrypt-damaged", "scrypt-short", "empty"])
 def test_check_password(digest: str, password: bytes, ok: bool) -> None:
     assert check_password(password, digest) is ok
 
