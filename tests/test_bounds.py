@@ -389,3 +389,65 @@ def test_100k_parked_long_polls_cost_at_most_64_mib(cluster: LocalCluster) -> No
     finally:
         b.stop()
 
+
+
+def test_10k_idle_connections_cost_at_most_64_mib_and_a_writer_goes_on(cluster: LocalCluster) -> None:
+    """10,000 idle TCP connections at one shard, all held (max_connections raised above them): its RSS grows by at most 64 MiB, and a writer whose every add goes through that shard (3/3/3)
+    has no error meanwhile. The writer's add p99 before and beside them is printed, not asserted.
+    The count shrinks where the file-descriptor limit cannot hold 10,000 sockets (printed)."""
+    import resource
+    import statistics
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 10_000
+    if soft < want + 1_000:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, want + 1_000), hard))
+    n = min(want, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1_000)
+    b = cluster.add_bookie(idle_timeout_s=0, max_connections=n + 100)  # every one held: the worst case
+    try:
+        async def adds(lh: Any, count: int) -> list[float]:
+            took = []
+            for i in range(count):
+                t0 = time.perf_counter()
+                await lh.add_entry(b"w" * 1024)
+                took.append(time.perf_counter() - t0)
+            return took
+
+        async def main() -> None:
+            async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+                lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3, password=PASSWORD)
+                assert b.bookie_id in lh.metadata.last_ensemble
+                baseline = await adds(lh, 300)
+                pid = b.shard_pids()[0]
+                rss0 = rss_bytes(pid)
+                opened = await asyncio.get_running_loop().run_in_executor(None, open_idle, n)
+                try:
+                    wait_for(f"{n} idle connections held", lambda: gauge(b, "connections") >= n)
+                    beside = await adds(lh, 300)
+                    grown = rss_bytes(pid) - rss0
+                finally:
+                    for s in opened:
+                        s.close()
+                await lh.close()
+            p99 = statistics.quantiles(beside, n=100)[98]
+            p99_0 = statistics.quantiles(baseline, n=100)[98]
+            print(f"\n{n} idle connections (fd limit {soft} -> {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): "
+                  f"shard RSS +{grown / 2**20:.1f} MiB; writer add p99 {p99 * 1e3:.2f} ms beside them, "
+                  f"{p99_0 * 1e3:.2f} ms before (x{p99 / p99_0:.1f})")
+            assert grown <= 64 * 2**20
+
+        def open_idle(count: int) -> list[socket.socket]:
+            socks = []
+            try:
+                for _ in range(count):
+                    socks.append(socket.create_connection(("127.0.0.1", b.port), timeout=DEADLINE_S))
+            except BaseException:
+                for s in socks:
+                    s.close()
+                raise
+            return socks
+
+        uvloop.run(main())
+        wait_for("the idle connections closed", lambda: gauge(b, "connections") <= 2)
+    finally:
+        b.stop()
