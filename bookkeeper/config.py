@@ -292,9 +292,12 @@ def validate_trust(cfg: Any) -> None:
     if cfg.auth_provider and cfg.auth_provider not in ("mtls", "token") and "." not in cfg.auth_provider:
         raise ConfigError(f"auth_provider must be 'mtls', 'token' or a class path package.module:Class, "
                           f"got {cfg.auth_provider!r}")
-    if cfg.zk_auth and not (cfg.zk_auth == "sasl" or cfg.zk_auth.startswith("digest:")
-                            and cfg.zk_auth.count(":") >= 2):
-        raise ConfigError("zk_auth must be 'digest:USER:PASSWORD' or 'sasl'")
+    if cfg.zk_auth.startswith("file:"):
+        if not os.path.exists(cfg.zk_auth[len("file:"):]):
+            raise ConfigError(f"zk_auth: no such file {cfg.zk_auth[len('file:'):]!r}")
+    elif cfg.zk_auth and not (cfg.zk_auth == "sasl" or cfg.zk_auth.startswith("digest:")
+                              and cfg.zk_auth.count(":") >= 2):
+        raise ConfigError("zk_auth must be 'digest:USER:PASSWORD', 'sasl' or file:/path (holding one of those)")
 
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:

@@ -581,3 +581,22 @@ def _capture(fn: Callable[[], object]) -> BaseException | None:
     except BaseException as e:  # noqa: BLE001 - handed to the test thread, which asserts on it
         return e
     return None
+
+
+def test_zk_auth_from_a_file(tmp_path: Path) -> None:
+    """zk_auth = file:/path keeps the password out of config files and the environment: the
+    credential is the file's one line; a missing or empty file is a ConfigError naming it."""
+    from bookkeeper.client.config import ClientConfig
+    from bookkeeper.errors import ConfigError
+    from bookkeeper.meta.zk_security import zk_security_from
+
+    cred = tmp_path / "zk_auth"
+    cred.write_text("digest:alice:s3cret\n")
+    security = zk_security_from(ClientConfig(zk_auth=f"file:{cred}").validate())
+    assert security.auth == "digest:alice:s3cret" and security.principal == "alice"
+    assert "s3cret" not in repr(security)
+    with pytest.raises(ConfigError, match="no such file"):
+        ClientConfig(zk_auth=f"file:{tmp_path / 'missing'}").validate()
+    cred.write_text("\n")
+    with pytest.raises(ConfigError, match=f"zk_auth file {cred} must hold"):
+        zk_security_from(ClientConfig(zk_auth=f"file:{cred}"))

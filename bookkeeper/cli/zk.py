@@ -16,7 +16,7 @@ from bookkeeper.cli.common import UsageError, client_settings, error_line, metad
 from bookkeeper.meta.sealing import load_private_key, public_bytes, write_private_key
 from bookkeeper.meta.secure import secure_tree
 from bookkeeper.meta.zk import ZkMetadataStore
-from bookkeeper.meta.zk_security import ZkSecurity
+from bookkeeper.meta.zk_security import ZkSecurity, read_zk_auth
 
 
 def _seal_public_key(store: ZkMetadataStore, seal_key: str | None) -> bytes:
@@ -36,10 +36,10 @@ def _seal_public_key(store: ZkMetadataStore, seal_key: str | None) -> bytes:
 
 
 def cmd_zk_secure(args: argparse.Namespace) -> int:
-    auth = args.zk_auth or os.environ.get("BK_ZK_AUTH", "")
+    auth = read_zk_auth(args.zk_auth or os.environ.get("BK_ZK_AUTH", ""))
     if not auth.startswith("digest:"):
-        raise UsageError("bk zk secure needs --zk-auth digest:USER:PASSWORD (or BK_ZK_AUTH): the tree is secured "
-                         "for that principal")
+        raise UsageError("bk zk secure needs --zk-auth digest:USER:PASSWORD or file:/path (or BK_ZK_AUTH): the "
+                         "tree is secured for that principal")
     settings = client_settings()
     security = ZkSecurity(auth=auth, tls_ca_file=settings.get("tls_ca_file", ""),
                           tls_cert_file=settings.get("tls_cert_file", ""), tls_key_file=settings.get("tls_key_file", ""))

@@ -65,10 +65,28 @@ class ZkSecurity:
 
 
 def zk_security_from(cfg: Any) -> ZkSecurity:
-    """The ZooKeeper side of a BookieConfig or a ClientConfig (a client has no seal key)."""
-    return ZkSecurity(auth=getattr(cfg, "zk_auth", ""), tls_ca_file=getattr(cfg, "tls_ca_file", ""),
+    """The ZooKeeper side of a BookieConfig or a ClientConfig (a client has no seal key).
+    zk_auth may be `file:/path`: the credential is read from that file (so that neither a
+    config file nor the environment holds the password)."""
+    return ZkSecurity(auth=read_zk_auth(getattr(cfg, "zk_auth", "")), tls_ca_file=getattr(cfg, "tls_ca_file", ""),
                       tls_cert_file=getattr(cfg, "tls_cert_file", ""), tls_key_file=getattr(cfg, "tls_key_file", ""),
                       seal_key_file=getattr(cfg, "password_seal_key_file", ""))
+
+
+def read_zk_auth(setting: str) -> str:
+    """A zk_auth setting as given, or the content of its file for `file:/path` (one line);
+    ConfigError naming the file when it cannot be read or holds no credential."""
+    if not setting.startswith("file:"):
+        return setting
+    path = setting[len("file:"):]
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"zk_auth file {path}: {e.strerror}") from None
+    if not value or value.startswith("file:"):
+        raise ConfigError(f"zk_auth file {path} must hold digest:USER:PASSWORD or sasl")
+    return value
 
 
 def digest_credentials(auth: str) -> tuple[str, str]:
