@@ -499,13 +499,13 @@ def test_a_cluster_with_credentials_leaves_nothing_open(tmp_path: Path) -> None:
             assert f"L{lid % 10_000:04d}" in names
             stored = json.loads(kz.get(_ledger_path(uri, lid))[0])
             assert "password" not in stored and stored["sealed_password"].startswith("v1.")
-            assert stored["creator"] == "admin"
+            assert stored["creator"] == "anonymous"  # the principal the bookies know (no auth_provider here)
         finally:
             kz.stop()
             kz.close()
         shown = bk_cli(["ledger", "metadata", str(lid), "--metadata-uri", uri], env={"BK_ZK_AUTH": ADMIN})
         assert shown.returncode == 0, shown.stderr
-        assert '"creator": "admin"' in shown.stdout and "password\"" not in shown.stdout \
+        assert '"creator": "anonymous"' in shown.stdout and "password\"" not in shown.stdout \
             and "sealed_password" not in shown.stdout
         refused = bk_cli(["ledgers", "list", "--metadata-uri", uri], env={})
         assert refused.returncode == 1 and "no credentials (set zk_auth)" in refused.stderr, refused.stderr
