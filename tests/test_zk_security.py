@@ -472,6 +472,9 @@ def test_a_cluster_with_credentials_leaves_nothing_open(tmp_path: Path) -> None:
     cluster.start()
     try:
         uri = cluster.metadata_uri
+        for b in cluster.bookies:  # the shards' config comes on stdin: no secret on a command line
+            for pid in [b.pid, *b.shard_pids()]:
+                assert ADMIN.split(":")[-1].encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
         async def work() -> int:
             async with await BookKeeper.connect(uri, zk_auth=ADMIN) as bk:

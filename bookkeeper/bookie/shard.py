@@ -460,12 +460,12 @@ def pin_to_core(index: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bookkeeper.bookie.shard")
-    parser.add_argument("--config-json", required=True)
+    parser = argparse.ArgumentParser(prog="bookkeeper.bookie.shard",
+                                     description="one shard; its configuration (JSON) comes on stdin")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, default=0)
     args = parser.parse_args(argv)
-    cfg = BookieConfig.from_dict(json.loads(args.config_json))
+    cfg = BookieConfig.from_dict(json.loads(sys.stdin.buffer.read()))  # not argv: it holds secrets
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{args.index} %(levelname)s %(name)s: %(message)s")
     if args.parent_pid:

@@ -201,9 +201,14 @@ class Supervisor:
         self.autorecovery: Any = None
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
-        cmd = module_command("bookkeeper.bookie.shard", "--index", str(index), "--parent-pid", str(os.getpid()),
-                             "--config-json", json.dumps(self.cfg.to_dict()))
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        """Start shard `index`; its configuration goes through its stdin, never its command line:
+        the config holds secrets (zk_auth, auth_token) and any local user reads a command line."""
+        cmd = module_command("bookkeeper.bookie.shard", "--index", str(index), "--parent-pid", str(os.getpid()))
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(json.dumps(self.cfg.to_dict()).encode())
+        return proc
 
     def _wait_ready(self, index: int) -> None:
         """Until the shard itself says READY (its replay done, its port bound): a port answered
