@@ -291,3 +291,18 @@ def test_recover_and_decommission_need_the_admin_role(token_cluster: LocalCluste
                                           on_ledger=print, on_note=print)
             assert not await w.metadata_call(w.store.zk.exists, w.store.decommissioning_path(victim))
     run(main())
+
+
+@pytest.mark.cluster
+def test_an_optional_client_never_sends_its_token_in_plain_text(token_cluster: LocalCluster, tmp_path: Path) -> None:
+    """A bookie (or a man in the middle) answering START_TLS with UNKNOWN_OP gets no token from a
+    `tls = optional` client: its identity was never checked, and the token could be replayed."""
+    import trustme
+
+    ca_file = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca_file))
+    kwargs = {**token_cluster.client_trust("writer"), "tls": "optional", "tls_ca_file": str(ca_file)}
+    err = run(_refused(token_cluster, **kwargs))
+    assert isinstance(err, errors.AuthenticationError), f"{type(err).__name__}: {err}"
+    assert "does not offer TLS" in str(err) and "not sent in plain text" in str(err)
+    assert token_cluster.bookies[0].bookie_id.split(":")[0] in str(err)

@@ -900,3 +900,15 @@ def test_test_pki_without_trustme_makes_its_ca_with_pki(tmp_path: Path, monkeypa
     assert "Subject: CN = no trustme" in _openssl_text(own.ca_file)
     hs = Handshake(server_tls(own).context, client_tls(own.ca_file).context)
     assert hs.ok and hs.client_peer is not None and bookie_ids_of(hs.client_peer) == [BOOKIE]
+
+
+def test_a_token_nested_past_the_recursion_limit_is_malformed() -> None:
+    """Found by review: json.loads of a deeply nested claims part raised RecursionError, which
+    escaped as the plug-in failing (a traceback per unauthenticated attempt)."""
+    import base64
+
+    from bookkeeper.security.tokens import unverified_claims
+
+    body = base64.urlsafe_b64encode(b"[" * 3000).rstrip(b"=").decode()
+    with pytest.raises(AuthenticationError, match="^malformed token$"):
+        unverified_claims(f"bk1.{body}.sig")

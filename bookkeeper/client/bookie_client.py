@@ -343,6 +343,13 @@ class ShardConnection:
                 transport = await self._start_tls(transport, setup)
             session = None
             if self.trust.auth is not None:
+                if self.trust.mode == "optional" and transport.get_extra_info("ssl_object") is None:
+                    # Whoever answered START_TLS with UNKNOWN_OP may be a man in the middle: its
+                    # identity was never checked, and a token sent now could be replayed.
+                    raise AuthenticationError(
+                        f"bookie {self.peer} does not offer TLS: this client's {self.trust.auth.name} credential "
+                        f"is not sent in plain text to a bookie whose identity was not checked (tls = optional; "
+                        f"tls = off sends it in clear deliberately)")
                 session = await authenticate(self.trust.auth, functools.partial(setup.round_trip, Op.AUTH),
                                              peer=self.peer)
         except BaseException:

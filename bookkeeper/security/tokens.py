@@ -99,7 +99,7 @@ def unverified_claims(token: str) -> TokenClaims:
         raise AuthenticationError("malformed token")
     try:
         claims = json.loads(_unb64url(parts[1]))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, binascii.Error, UnicodeDecodeError, RecursionError):
         raise AuthenticationError("malformed token") from None
     if (not isinstance(claims, dict) or set(claims) != {"sub", "exp", "kid"} or not isinstance(claims["sub"], str)
             or not claims["sub"] or type(claims["exp"]) is not int or not 0 <= claims["exp"] <= MAX_EXP
