@@ -466,3 +466,42 @@ def test_no_token_reaches_the_log(bookie: LocalBookie) -> None:
     log = (bookie.dir / "bookie.log").read_text(errors="replace")
     assert f"BOOKIE READY {bookie.bookie_id}" in log
     assert "bk1." not in log
+
+
+def test_the_admin_client_follows_no_redirect_so_its_token_goes_nowhere_else() -> None:
+    """Found by review: urllib follows a redirect and carries the Authorization header to
+    wherever it points. A redirect is now an error answer; the target never hears a request."""
+    import http.server
+    import threading
+
+    heard: list[str | None] = []
+
+    class Target(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            heard.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    target = http.server.HTTPServer(("127.0.0.1", 0), Target)
+
+    class Redirect(Target):
+        def do_POST(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{target.server_port}/steal")
+            self.end_headers()
+
+    source = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (target, source)]
+    for t in threads:
+        t.start()
+    try:
+        with pytest.raises(AdminHTTPError) as e:
+            admin_request(f"127.0.0.1:{source.server_port}", "POST", "/api/v1/bookie/gc", token="bk1.x.y", timeout_s=5)
+        assert e.value.status == 307 and heard == []
+    finally:
+        for s in (target, source):
+            s.shutdown()
+            s.server_close()

@@ -603,3 +603,27 @@ def test_zk_auth_from_a_file(tmp_path: Path) -> None:
     cred.write_text("\n")
     with pytest.raises(ConfigError, match=f"zk_auth file {cred} must hold"):
         zk_security_from(ClientConfig(zk_auth=f"file:{cred}"))
+
+
+def test_bk_zk_secure_replaces_a_format_1_sha256_digest_with_scrypt(zk: tuple[ZooKeeperServer, Pki],
+                                                                    tmp_path: Path) -> None:
+    """Found by review: the read-only principal could read format 1's fast unsalted sha256 of
+    each old ledger's password (brute-forceable offline). The conversion salts it (scrypt) in the
+    same write that seals the password; the password still opens the ledger."""
+    uri = _uri(zk, "/old-digest")
+    anon = ZkMetadataStore(uri)
+    old = anon.create_ledger(_md(anon).replace(password_digest=hashlib.sha256(b"bookkeeper-py:" + PASSWORD).hexdigest()))
+    anon.close()
+    os.environ["BK_ZK_AUTH"] = ADMIN
+    try:
+        _zk_secure(["zk", "secure", "--uri", uri, "--seal-key", str(tmp_path / "seal.pem")])
+    finally:
+        os.environ.pop("BK_ZK_AUTH", None)
+    kz = _superuser(zk[0])
+    try:
+        stored = json.loads(kz.get(_ledger_path(uri, old.ledger_id))[0])
+    finally:
+        kz.stop()
+        kz.close()
+    assert stored["password_digest"].startswith("scrypt$") and "password" not in stored
+    assert check_password(PASSWORD, stored["password_digest"]) and not check_password(b"x", stored["password_digest"])

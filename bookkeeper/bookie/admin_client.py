@@ -68,7 +68,7 @@ def admin_request(host_port: str, method: str, path: str, *, body: Any = None, t
     data = None if method in ("GET", "HEAD") else json.dumps(body).encode() if body is not None else b""
     if body is not None:
         headers["Content-Type"] = "application/json"
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
     if tls_ca_file:
         handlers.append(urllib.request.HTTPSHandler(
             context=client_context(tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file)))
@@ -90,6 +90,14 @@ def admin_request(host_port: str, method: str, path: str, *, body: Any = None, t
             raise AuthenticationError(f"admin HTTP at {host}:{port}: TLS handshake failed: "
                                       f"{describe_tls_failure(reason, peer=f'{host}:{port}')}") from None
         raise BookieUnavailableError(f"cannot reach the admin HTTP at {host}:{port}: {reason}") from None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error answer, never followed: urllib would carry the Authorization
+    header to wherever it points, plain http and other hosts included."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def admin_trust(settings: dict[str, str]) -> dict[str, str]:

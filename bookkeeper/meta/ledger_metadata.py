@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 # (the digest is checked before any bookie is asked); the parameters travel in each digest, so
 # raising them later leaves older digests verifiable.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+SCRYPT_PREFIX = "scrypt$"  # a salted digest; any other is format 1's sha256
 _SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 
@@ -78,13 +79,13 @@ def password_digest(password: bytes) -> str:
     password up in a table nor try many guesses a second. Compare with check_password, never ==."""
     salt = os.urandom(16)
     hashed = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
-    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${base64.b64encode(salt).decode()}${base64.b64encode(hashed).decode()}"
+    return f"{SCRYPT_PREFIX}{SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${base64.b64encode(salt).decode()}${base64.b64encode(hashed).decode()}"
 
 
 def check_password(password: bytes, digest: str) -> bool:
     """Whether password is the one `digest` was made of: a scrypt digest (format 2) or a sha256
     one (format 1); compared in constant time. A digest in neither form matches nothing."""
-    if digest.startswith("scrypt$"):
+    if digest.startswith(SCRYPT_PREFIX):
         try:
             _, n, r, p, salt, hashed = digest.split("$")
             want = base64.b64decode(hashed, validate=True)

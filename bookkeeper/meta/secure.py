@@ -8,8 +8,9 @@ Order, chosen so that writers keep working throughout:
    writer with them carries the same ACL already (its `auth` ACL is the same digest id);
 3. ledger passwords sealed, each by a compare-and-set of its znode (a lost race reads again),
    pass after pass until one finds no clear password, since a writer that wrote before its
-   watch fired may have written one. A ledger's digest stays as it is (a format-1 sha256 one
-   still verifies).
+   watch fired may have written one. A format-1 digest (a fast, unsalted sha256: readable
+   by the read-only principal, so brute-forceable offline) becomes a salted scrypt in the
+   same write (~27 ms of CPU per such ledger).
 Idempotent: a secured tree is walked and nothing is written.
 
 Writers must already hold the credentials the tree is secured with (their zk_auth, the one
@@ -24,7 +25,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.security import ACL
 
 from bookkeeper.errors import BKError, MetadataVersionError, NoSuchLedgerError
-from bookkeeper.meta.ledger_metadata import LedgerMetadata
+from bookkeeper.meta.ledger_metadata import SCRYPT_PREFIX, LedgerMetadata, password_digest
 from bookkeeper.meta.zk import ZkMetadataStore, ledger_path
 from bookkeeper.meta.zk_security import SecurityDoc, digest_credentials, digest_id, secured_acls
 
@@ -81,6 +82,8 @@ def seal_passwords(store: ZkMetadataStore, report: SecureReport) -> int:
             md = LedgerMetadata.deserialize(data, version=stat.version)
             if md.password is None:
                 break
+            if not md.password_digest.startswith(SCRYPT_PREFIX):  # format 1's fast sha256: brute-forceable
+                md = md.replace(password_digest=password_digest(md.password))
             try:
                 store.write_ledger(md)
             except MetadataVersionError:
