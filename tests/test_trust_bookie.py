@@ -493,6 +493,31 @@ def test_unauthenticated_connections_are_capped_and_timed_out(cluster: LocalClus
         assert call(authed, frame(Op.READ_LAC, 9_000_000_001, -1, request_id=3)).status == Status.NO_SUCH_LEDGER
 
 
+def test_one_address_holds_at_most_64_unauthenticated_connections(cluster: LocalCluster) -> None:
+    """Found by review: one host holding every unauthenticated slot (reconnecting at each
+    auth_timeout_s) locked every new client out. Now it holds 64 at most: its 65th is closed at
+    once, unread (counted), while another address still gets in."""
+    b = cluster.add_bookie(tls="off", max_unauthenticated_connections=200)
+    try:
+        refused = counter(b, "unauthenticated_refused")
+        held = [connect(b.port) for _ in range(64)]
+        try:
+            wait_until("64 waiting", lambda: stats(b)["gauges"]["unauthenticated_connections"] == 64,
+                       timeout_s=DEADLINE_S)
+            with connect(b.port) as extra:
+                assert_closed_without_response(extra)
+            assert counter(b, "unauthenticated_refused") == refused + 1
+            other = socket.create_connection(("127.0.0.1", b.port), timeout=DEADLINE_S, source_address=("127.0.0.2", 0))
+            with other:
+                wait_until("the other address waiting", lambda: stats(b)["gauges"]["unauthenticated_connections"] == 65,
+                           timeout_s=DEADLINE_S)
+        finally:
+            for s in held:
+                s.close()
+    finally:
+        b.stop()
+
+
 # -- authorization ------------------------------------------------------------------------------
 def test_a_read_principal_reads_but_cannot_add_fence_or_claim(cluster: LocalCluster, token_bookie: LocalBookie) -> None:
     """`reader` has read only: its add (to a ledger alice holds, through the C add path's key

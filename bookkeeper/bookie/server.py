@@ -99,6 +99,9 @@ LONG_POLL_MAX_MS = 60_000
 POLL_TICK_S = 0.01  # parked long polls expire in buckets this wide (at most this late)
 NEVER = 2**62
 REFUSAL_LOG_INTERVAL_S = 10.0  # a flood of refused connections logs one line per interval
+# Connections one address may hold before authenticating: without it one host holding every
+# unauthenticated slot (and reconnecting at each auth_timeout_s) locks every new client out.
+MAX_UNAUTHENTICATED_PER_HOST = 64
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class BookieProtocol(asyncio.Protocol):
         self.tls = False
         self.peercert: dict[str, Any] | None = None
         self.principal: str | None = None
+        self.host: str | None = None  # the peer's address while it holds an unauthenticated slot
         self.roles: frozenset[str] = frozenset()
         self.roles_gen = -1
         self.add_roles = 0
@@ -206,7 +210,7 @@ class BookieProtocol(asyncio.Protocol):
         self._buf.clear()  # the auth sweep may keep this object until its deadline: not its bytes
         if self._expiry is not None:
             self._expiry.cancel()
-        self.shard.unauthenticated.discard(self)
+        self.shard.leave_unauthenticated(self)
         self.shard.connections.discard(self)
         self.shard.paused.discard(self)
         self.shard.write_paused.discard(self)
@@ -437,7 +441,7 @@ class BookieProtocol(asyncio.Protocol):
             self._expiry = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expired)
         if not self.open:
             self.open = True
-            self.shard.unauthenticated.discard(self)
+            self.shard.leave_unauthenticated(self)
 
     def _expired(self) -> None:
         """The credential expired without a renewal: closed, counted."""
@@ -507,7 +511,7 @@ class BookieProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
-        self.shard.unauthenticated.discard(self)
+        self.shard.leave_unauthenticated(self)
         if self.transport is not None:
             self.transport.close()
 
@@ -537,6 +541,7 @@ class ShardServer:
         self.trust = trust if trust is not None else ShardTrust()
         self.connections: set[BookieProtocol] = set()
         self.unauthenticated: set[BookieProtocol] = set()  # not yet open: at most trust.max_unauthenticated
+        self._unauthenticated_by_host: dict[str | None, int] = defaultdict(int)  # at most MAX_UNAUTHENTICATED_PER_HOST
         self._auth_deadlines: deque[tuple[float, BookieProtocol]] = deque()  # arrival order = deadline order
         self._auth_sweep: asyncio.TimerHandle | None = None
         self.auth_failures: dict[str, int] = defaultdict(int)  # by reason class (trust.reason_class)
@@ -588,7 +593,13 @@ class ShardServer:
             if len(self.unauthenticated) >= trust.max_unauthenticated:
                 return self._refuse("unauthenticated_refused", f"{len(self.unauthenticated)} connections not yet "
                                     f"authenticated, max_unauthenticated_connections = {trust.max_unauthenticated}")
+            per_host = min(MAX_UNAUTHENTICATED_PER_HOST, trust.max_unauthenticated)
+            if self._unauthenticated_by_host[host] >= per_host:
+                return self._refuse("unauthenticated_refused", f"{host} holds {per_host} connections not yet "
+                                    f"authenticated, the most one address may")
             self.unauthenticated.add(conn)
+            self._unauthenticated_by_host[host] += 1
+            conn.host = host
             loop = asyncio.get_running_loop()
             self._auth_deadlines.append((loop.time() + trust.auth_timeout_s, conn))
             if self._auth_sweep is None:
@@ -597,6 +608,16 @@ class ShardServer:
         if self.bounds.idle_timeout_s > 0 and self._idle_sweep is None:
             self._schedule_idle_sweep()
         return True
+
+    def leave_unauthenticated(self, conn: BookieProtocol) -> None:
+        """The connection authenticated or closed: its slot, and its address's, are free."""
+        if conn in self.unauthenticated:
+            self.unauthenticated.discard(conn)
+            left = self._unauthenticated_by_host[conn.host] - 1
+            if left > 0:
+                self._unauthenticated_by_host[conn.host] = left
+            else:
+                del self._unauthenticated_by_host[conn.host]
 
     def _refuse(self, counter: str, why: str) -> bool:
         self.counters[counter] += 1
@@ -615,6 +636,8 @@ class ShardServer:
             if conn in self.unauthenticated:
                 self.counters["auth_timeouts"] += 1
                 log.debug("closing connection %s: not authenticated within auth_timeout_s", conn.peer)
+                if conn.host is not None:  # holding a slot silently is an offence too: else one
+                    self.trust.backoff.failed(conn.host, time.monotonic())  # address renews its hold forever
                 conn.close()
         self._auth_sweep = loop.call_at(deadlines[0][0], self._sweep_unauthenticated) if deadlines else None
 
