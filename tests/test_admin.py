@@ -423,3 +423,17 @@ def test_supervisor_notifies_ready_once_ready_and_stopping_and_is_ready_follows_
             messages.append(sock.recv(4096).decode())
         assert messages[-1] == "STOPPING=1", messages
     store.close()
+
+
+def test_a_cross_site_post_is_refused(watched: tuple[LocalBookie, int]) -> None:
+    """Found by review: a page the operator visits could POST here from the browser (a bookie
+    without authentication, or mtls with the operator's certificate in the browser). A POST or
+    PUT carrying an Origin header is refused (403, counted); GETs and bk's own requests work."""
+    _bookie, port = watched
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/bookie/state/readonly", method="PUT",
+                                 data=b'{"readonly": true}', headers={"Origin": "https://evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 403 and "cross-site" in json.loads(e.value.read())["error"]
+    assert get(port, "/api/v1/bookie/state/readonly")[1]["readonly"] is False
+    assert scrape(port)["bookkeeper_admin_http_refused_total"][(("reason", "cross_site"),)] == 1

@@ -356,6 +356,11 @@ def start_admin_http(sup: Supervisor) -> WSGIServer:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         if path == "/heartbeat":
             return _reply(start_response, "200 OK", b"OK\n", "text/plain")
+        if method not in ("GET", "HEAD") and environ.get("HTTP_ORIGIN"):
+            # A browser's cross-site request (a page the operator visits POSTing here, with the
+            # operator's client certificate, or on a bookie without auth): bk and curl send no Origin.
+            refusals.count("cross_site")
+            return _json(start_response, "403 Forbidden", {"error": "cross-site request refused (Origin header)"})
         principal = None
         if path not in OPEN_ROUTES:
             try:

@@ -45,7 +45,8 @@ log = logging.getLogger("bookkeeper.bookie")
 OPEN_ROUTES = frozenset({"/heartbeat", "/api/v1/bookie/is_ready"})
 # Refusals, as /metrics counts them: a failed TLS handshake, plain HTTP on the TLS port, no
 # credential, a credential that did not verify, a principal without the role, the pool full.
-REFUSAL_REASONS = ("tls_handshake", "plain_http", "no_credential", "bad_credential", "forbidden", "busy")
+REFUSAL_REASONS = ("tls_handshake", "plain_http", "no_credential", "bad_credential", "forbidden", "busy",
+                   "cross_site")
 TLS_RECORD_HANDSHAKE = 0x16  # the first byte of every TLS ClientHello
 
 
