@@ -419,6 +419,8 @@ class BookieProtocol(asyncio.Protocol):
         self._auth = None
         if not step.principal:
             return self._auth_failed(frame, f"the {provider.name} plug-in named no principal")
+        if step.expires_at is not None and step.expires_at <= time.time():  # else served until its timer runs
+            return self._auth_failed(frame, f"the {provider.name} plug-in's credential expired already")
         self.shard.counters["auth_successes"] += 1
         self._authenticated(step.principal, step.expires_at)
         self.respond((_AUTH, _OK, req_id, ledger_id, 1, -1, step.reply or step.principal.encode()))
