@@ -216,6 +216,39 @@ def test_a_peer_that_does_not_read_its_answers_is_not_read(cluster: LocalCluster
     wait_for("the peer forgotten", lambda: gauge(b, "paused_readers") == 0)
 
 
+def test_10k_reads_of_a_1_mib_entry_never_read_cost_the_shard_a_bounded_rss(cluster: LocalCluster,
+                                                                          big_ledger: int) -> None:
+    """The acceptance's size: 10,000 READs of a 1 MiB entry (10 GiB of answers) from a peer
+    that never reads. The shard stops reading it at write_buffer_high_bytes, so most requests
+    stay in the kernel's socket buffers, unsent or unread; its RSS grows <= 64 MiB and a
+    client's adds and reads go on. The peer then goes away without reading (how many READs the
+    shard took is printed)."""
+    b = cluster.bookies[0]
+    pid = b.shard_pid(0)
+    reads0, rss0 = counter(b, "read_entry"), rss_bytes(pid)
+    data = b"".join(frame(Op.READ_ENTRY, big_ledger, 0, request_id=i) for i in range(10_000))
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    s.connect(("127.0.0.1", b.port))
+    s.settimeout(2.0)
+    sent = 0
+    try:
+        try:
+            while sent < len(data):
+                sent += s.send(data[sent:sent + 65536])
+        except TimeoutError:
+            pass  # the shard stopped reading this peer, and the kernel's buffers are full
+        wait_for("the peer paused", lambda: gauge(b, "paused_readers") == 1)
+        grown = rss_bytes(pid) - rss0
+        assert add_and_read(cluster, 20) == [b"e%d" % i for i in range(20)]
+        print(f"\n10,000 READs of 1 MiB, never read: {sent // len(frame(Op.READ_ENTRY, big_ledger, 0))} sent, "
+              f"{counter(b, 'read_entry') - reads0} taken by the shard, its RSS +{grown / 2**20:.1f} MiB")
+        assert grown <= 64 << 20
+    finally:
+        s.close()
+    wait_for("the peer forgotten", lambda: gauge(b, "paused_readers") == 0)
+
+
 def test_long_polls_capped_per_connection_and_refused_for_unknown_ledgers(
         cluster: LocalCluster, big_ledger: int) -> None:
     """A long poll of a ledger the shard does not hold is answered at once with NO_SUCH_LEDGER;
