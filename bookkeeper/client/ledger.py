@@ -276,9 +276,10 @@ class _TailHead:
         wait before the next round (tailing.unheld_pause_s), or until the metadata changes."""
         self.unheld_s = unheld_pause_s(self.unheld_s)
         self.resume = self.h._loop.create_future()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.resume), self.unheld_s)
-        except asyncio.TimeoutError:
+        try:  # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation (a
+            async with asyncio.timeout(self.unheld_s):  # tail's Ctrl-C) that lands as resume is set
+                await asyncio.shield(self.resume)
+        except TimeoutError:
             pass
         finally:
             self.resume = None

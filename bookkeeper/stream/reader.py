@@ -121,9 +121,10 @@ class StreamReader:
             if seg is None:
                 if not self._follow:
                     return
-                try:
-                    await asyncio.wait_for(self._changed.wait(), _RESCAN_S)
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancellation (Ctrl-C)
+                    async with asyncio.timeout(_RESCAN_S):  # that lands as the event is set
+                        await self._changed.wait()
+                except TimeoutError:
                     pass
                 continue
             if seg.seq > self._cursor.segment:
