@@ -230,14 +230,14 @@ def test_secure_by_default_and_plain_text_only_when_the_inventory_says_so(tmp_pa
         "tls_cert_file": f"{trust}/bookie.pem", "tls_key_file": f"{trust}/bookie-key.pem",
         "tls_ca_file": f"{trust}/ca.pem", "auth_provider": "token",
         "auth_token_keys_file": f"{trust}/token_keys.toml", "auth_token": f"file:{trust}/bookie.token",
-        "authz_file": f"{trust}/authz.toml", "zk_auth": "digest:bookkeeper:not-a-secret",
+        "authz_file": f"{trust}/authz.toml", "zk_auth": f"file:{trust}/zk_auth",
         "password_seal_key_file": f"{trust}/seal_key.pem"}
     assert "tls_client_auth" not in toml
     zoo_lines = set(zoo.splitlines())
     assert {"clientPortAddress=127.0.0.1", "secureClientPort=2281", "secureClientPortAddress=0.0.0.0",
             "ssl.clientAuth=none", "ssl.protocol=TLSv1.3", "ssl.keyStore.type=PEM"} <= zoo_lines, zoo
     assert {"BK_TLS=require", f"BK_TLS_CA_FILE={trust}/ca.pem", "BK_AUTH_PROVIDER=token",
-            f"BK_AUTH_TOKEN=file:{trust}/admin.token", "BK_ZK_AUTH=digest:bookkeeper:not-a-secret",
+            f"BK_AUTH_TOKEN=file:{trust}/admin.token", f"BK_ZK_AUTH=file:{trust}/zk_auth",
             "BK_METADATA_URI=zk+tls://10.0.0.11:2281/ledgers"} <= set(env.splitlines()), env
 
     toml, zoo, env = _render_trust(tmp_path / "plain", "-e", "bk_insecure_plaintext=true")
