@@ -253,3 +253,36 @@ def test_a_tailer_of_a_new_ledger_pauses_between_rounds_and_gets_its_first_entry
     print(f"long polls while the new ledger was empty for 2 s: {idle_polls}; first entry delivered "
           f"{lag * 1000:.0f} ms after its add was sent")
     assert 0 < idle_polls <= 3 * (2.0 / UNHELD_PAUSE_MAX_S + 8), idle_polls  # rounds of 3, pauses up to 100 ms
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_stream_tail_cancelled_as_a_segment_change_fires_stays_cancelled(loop_factory: Any) -> None:
+    """Ctrl-C landing in the same loop turn as the segments watch firing, while a following
+    reader waits for a new segment: the reader ends. With asyncio.wait_for (Python 3.11) the
+    cancellation was lost and the reader looped on, so `bk stream tail` did not exit on SIGINT
+    (seen twice in clean-clone runs)."""
+    from bookkeeper.stream.reader import StreamReader
+
+    async def main() -> str:
+        reader = object.__new__(StreamReader)  # only what _records reads: no namespace, no cluster
+        reader._changed, reader._follow, reader._cursor = asyncio.Event(), True, None
+
+        async def no_segments() -> list[Any]:
+            return []
+        reader._watch_segments = no_segments  # type: ignore[method-assign]
+        task = asyncio.create_task(anext(reader._records()))
+        await asyncio.sleep(0.01)
+        reader._changed.set()  # the watch fires ...
+        await asyncio.sleep(0)
+        task.cancel()  # ... and the cancellation lands with it
+        try:
+            async with asyncio.timeout(2):
+                await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        except TimeoutError:
+            task.cancel()
+            return "still tailing"
+        return "ended"
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        assert runner.run(main()) == "cancelled"
