@@ -40,6 +40,7 @@ STDIN = b"\n".join(LINES[:-1]) + b"\n" + LINES[-1] + b"\r\n"
 def _env(env_uri: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("BK_METADATA_URI", "COLUMNS", "LINES")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONFAULTHANDLER"] = "1"  # a hung bk sent SIGABRT prints every thread's stack
     if env_uri is not None:
         env["BK_METADATA_URI"] = env_uri
     return env
@@ -288,7 +289,14 @@ def test_tail_ctrl_c_exits_130_quietly(cluster5: LocalCluster) -> None:
     with running(uri, "stream", "tail", "idle", *ns) as tail:
         assert readline(tail).endswith(b"\tone\n")  # it runs, past start-up: now it waits for more
         tail.send_signal(signal.SIGINT)
-        assert tail.wait(timeout=CLI_TIMEOUT_S) == 130
+        try:
+            rc = tail.wait(timeout=CLI_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            tail.send_signal(signal.SIGABRT)  # faulthandler: where each thread is
+            tail.wait(timeout=CLI_TIMEOUT_S)
+            stacks = tail.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+            pytest.fail(f"the tail did not exit within {CLI_TIMEOUT_S} s of SIGINT; its threads:\n{stacks[-12000:]}")
+        assert rc == 130
         out, err = tail.stdout.read(), tail.stderr.read()  # type: ignore[union-attr]
     assert (out, err) == (b"", b"")
 

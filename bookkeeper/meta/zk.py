@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 
 SCHEMES = ("zk://", "zk+tls://")
+# How long close() waits for kazoo's stop(): past it the session is left to end on its own.
+CLOSE_TIMEOUT_S = 15.0
 
 
 def parse_metadata_uri(uri: str) -> tuple[str, str]:
@@ -184,10 +187,29 @@ class ZkMetadataStore:
                           f"(check the path, or start a bookie first)") from None
 
     def close(self) -> None:
-        try:
-            self.zk.stop()
-        finally:
-            self.zk.close()
+        """End the session, waiting at most CLOSE_TIMEOUT_S. Why bounded: kazoo's stop() joins its
+        callback threads, and a watch recipe (DataWatch, ChildrenWatch) re-reading its node on
+        the closing session's last events retries without end in one of them when the session
+        was not connected at that moment; a close that never returns kept a Ctrl-C'd `bk stream
+        tail` from exiting. kazoo's threads are daemons: what is left ends with the process."""
+        failed: list[BaseException] = []
+
+        def stop() -> None:
+            try:
+                try:
+                    self.zk.stop()
+                finally:
+                    self.zk.close()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                failed.append(e)
+        stopper = threading.Thread(target=stop, name="zk-close", daemon=True)
+        stopper.start()
+        stopper.join(CLOSE_TIMEOUT_S)
+        if stopper.is_alive():
+            log.warning("ZooKeeper session to %s did not close within %.0f s; left to end on its own",
+                        self.hosts, CLOSE_TIMEOUT_S)
+        elif failed:
+            raise failed[0]
 
     @property
     def connected(self) -> bool:
