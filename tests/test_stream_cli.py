@@ -53,11 +53,20 @@ def bk(uri: str, *args: str, stdin: bytes = b"") -> Result:
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A test run started in the background
+    of a non-interactive shell (`make test &`, nohup) has SIGINT ignored, every child inherits
+    that, and Python then installs no KeyboardInterrupt: the Ctrl-C test would test the shell."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def running(uri: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`bk ARGS...` in the background with stdin, stdout and stderr piped; killed on the way out."""
+    """`bk ARGS...` in the background with stdin, stdout and stderr piped, SIGINT at its default
+    (as from a terminal); killed on the way out."""
     p = subprocess.Popen([sys.executable, "-m", "bookkeeper.cli.main", *args, "--metadata-uri", uri], cwd=REPO,
-                         env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)
     try:
         yield p
     finally:
