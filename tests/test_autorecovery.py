@@ -42,6 +42,7 @@ from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.underreplication import UnderReplicationManager
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import Op
+from bookkeeper.testing import waiting
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster, free_port_block
 from tests.conftest import run
 
@@ -163,13 +164,8 @@ def status_of(bookie: LocalBookie) -> dict[str, Any] | None:
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not {what} within {timeout_s} s"
-        time.sleep(every_s)
+    """The harness's poll-with-deadline, with this module's pace."""
+    return waiting.wait_until(what, check, timeout_s=timeout_s, every_s=every_s)
 
 
 def auditor_of(cluster: LocalCluster) -> tuple[LocalBookie, dict[str, Any]]:

@@ -49,6 +49,7 @@ from bookkeeper.meta.zk_security import (SecurityDoc, ZkSecurity, digest_credent
                                          node_acls, zk_security_from)
 from bookkeeper.stream import Namespace
 from bookkeeper.testing.cluster import LocalCluster
+from bookkeeper.testing.waiting import wait_until
 from bookkeeper.testing.zookeeper import ZooKeeperServer
 from tests.conftest import run
 
@@ -345,15 +346,14 @@ def test_bk_zk_secure_converts_a_live_tree(zk: tuple[ZooKeeperServer, Pki], tmp_
     thread.start()
     seal_key = tmp_path / "seal.pem"
     try:
-        while written[0] < 3:
-            time.sleep(0.01)
+        wait_until("the writer under way", lambda: written[0] >= 3 or errors, timeout_s=60, every_s=0.01)
         os.environ["BK_ZK_AUTH"] = ADMIN  # the environment, not the command line (ps shows that)
         t0 = time.perf_counter()
         out = _zk_secure(["zk", "secure", "--uri", uri, "--readonly-user", READER, "--seal-key", str(seal_key)])
         took = time.perf_counter() - t0
         before = written[0]
-        while written[0] < before + 3:  # the writer keeps going on the secured tree
-            time.sleep(0.01)
+        wait_until("the writer going on on the secured tree", lambda: written[0] >= before + 3 or errors,
+                   timeout_s=60, every_s=0.01)
     finally:
         stop.set()
         thread.join()
@@ -547,16 +547,16 @@ def test_bk_zk_secure_under_a_writer_of_entries(tmp_path: Path) -> None:
         result: list[BaseException | None] = []
         thread = threading.Thread(target=lambda: result.append(_capture(lambda: run(write()))))
         thread.start()
-        while counts["entries"] < 100:
-            time.sleep(0.01)
+        wait_until("100 entries written", lambda: counts["entries"] >= 100 or not thread.is_alive(),
+                   timeout_s=60, every_s=0.01)
         os.environ["BK_ZK_AUTH"] = ADMIN
         try:
             out = _zk_secure(["zk", "secure", "--uri", uri, "--seal-key", str(seal_key)])
         finally:
             os.environ.pop("BK_ZK_AUTH", None)
         mark = counts["entries"]
-        while counts["entries"] < mark + 100:
-            time.sleep(0.01)
+        wait_until("100 more entries on the secured tree",
+                   lambda: counts["entries"] >= mark + 100 or not thread.is_alive(), timeout_s=60, every_s=0.01)
         stop.set()
         thread.join()
         print(out, f"writer: {counts['entries']} entries in {counts['ledgers']} ledgers, error: {result}")

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
@@ -148,3 +149,28 @@ class Shard:
         self.storage.close()
         self.loop.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class RenewedShard:
+    """A target's one Shard per process, renewed every `every` inputs (its journal only grows)
+    and made by `make` (the target's trust, say)."""
+
+    def __init__(self, make: Callable[[], Shard], every: int = 5000) -> None:
+        self.make, self.every = make, every
+        self._shard: Shard | None = None
+        self._inputs = 0
+
+    def get(self) -> Shard:
+        self._inputs += 1
+        if self._shard is not None and self._inputs % self.every == 0:
+            self.close()
+        if self._shard is None:
+            self._shard = self.make()
+        self._shard.fresh()
+        return self._shard
+
+    def close(self) -> None:
+        """Stop the shard (its loop, journal, storage and files)."""
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None

@@ -17,32 +17,19 @@ from collections import Counter
 from bookkeeper.proto import Flag, FrameError, Op, Status, parse_requests, parse_responses
 
 from ._frames import request_seeds
-from ._shard import MAX_FRAME, Shard
+from ._shard import MAX_FRAME, RenewedShard, Shard
 
-_shard: Shard | None = None
-_inputs = 0
-RENEW_EVERY = 5000  # inputs per shard: its journal files are dropped with it
+_shards = RenewedShard(Shard)
 
 
 def shard() -> Shard:
     """The shard of this process, renewed now and then (its journal only grows)."""
-    global _shard, _inputs
-    _inputs += 1
-    if _shard is not None and _inputs % RENEW_EVERY == 0:
-        _shard.close()
-        _shard = None
-    if _shard is None:
-        _shard = Shard()
-    _shard.fresh()
-    return _shard
+    return _shards.get()
 
 
 def close() -> None:
     """Stop the shard (its loop, journal, storage and files)."""
-    global _shard
-    if _shard is not None:
-        _shard.close()
-        _shard = None
+    _shards.close()
 
 
 def _requests(data: bytes) -> tuple[list[tuple], bool]:

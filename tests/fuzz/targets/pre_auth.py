@@ -20,33 +20,28 @@ from bookkeeper.security.auth import load_server_provider
 from bookkeeper.security.tokens import mint_token
 
 from ._frames import KEY, LEDGER, add
-from ._shard import Shard
+from ._shard import RenewedShard, Shard
 from .token_verify import KID, SECRET, keys_file
 
-_shard: Shard | None = None
-_inputs = 0
-RENEW_EVERY = 5000
 UNTIL_2100 = 4_102_444_800  # the seeds' tokens expire then: valid on any day these tests run
 
 
+def _token_shard() -> Shard:
+    provider = load_server_provider("token", keys_file=keys_file(), reload_interval_s=3600)
+    return Shard(trust=ShardTrust(provider=provider))
+
+
+_shards = RenewedShard(_token_shard)
+
+
 def shard() -> Shard:
-    global _shard, _inputs
-    _inputs += 1
-    if _shard is not None and _inputs % RENEW_EVERY == 0:
-        close()
-    if _shard is None:
-        provider = load_server_provider("token", keys_file=keys_file(), reload_interval_s=3600)
-        _shard = Shard(trust=ShardTrust(provider=provider))
-    _shard.fresh()
-    return _shard
+    """The shard of this process (token authentication), renewed now and then."""
+    return _shards.get()
 
 
 def close() -> None:
     """Stop the shard (its loop, journal, storage and files)."""
-    global _shard
-    if _shard is not None:
-        _shard.close()
-        _shard = None
+    _shards.close()
 
 
 def _requests(data: bytes) -> list[tuple]:
