@@ -19,7 +19,7 @@ from __future__ import annotations
 import tomllib
 
 from bookkeeper.errors import AuthorizationError, ConfigError
-from bookkeeper.security.reload import LoadError, Reloading
+from bookkeeper.security.reload import LoadError, ReloadCounters, Reloading
 
 ROLES = ("write", "read", "recover", "admin")
 WILDCARD = "*"
@@ -68,7 +68,7 @@ def roles_in(policy: dict[str, frozenset[str]], principal: str) -> frozenset[str
     return policy.get(principal, frozenset()) | policy.get(WILDCARD, frozenset())
 
 
-class AuthzPolicy:
+class AuthzPolicy(ReloadCounters):
     """Who may do what (per shard or per process); `maybe_reload` is a stat at most once per
     interval, a bad new file keeps the old policy (counted, `last_error`)."""
 
@@ -77,41 +77,32 @@ class AuthzPolicy:
             raise ConfigError(f"tls_reload_interval_s must be > 0, got {reload_interval_s}")
         self.path = path
         self.generation = 0
-        self._policy: Reloading[dict[str, frozenset[str]]] | None = None
+        self._reloading: Reloading[dict[str, frozenset[str]]] | None = None
         if path is None:
             return
         try:
-            self._policy = Reloading([path], lambda: read_policy(path), what=f"authz file {path}",
-                                     reload_interval_s=reload_interval_s)
+            self._reloading = Reloading([path], lambda: read_policy(path), what=f"authz file {path}",
+                                          reload_interval_s=reload_interval_s)
         except LoadError as e:
             raise ConfigError(f"authz_file: {e}") from None
 
     @property
     def enabled(self) -> bool:
-        return self._policy is not None
+        return self._reloading is not None
 
-    @property
-    def reloads(self) -> int:
-        return self._policy.reloads if self._policy else 0
 
-    @property
-    def reload_failures(self) -> int:
-        return self._policy.reload_failures if self._policy else 0
 
-    @property
-    def last_error(self) -> str | None:
-        return self._policy.last_error if self._policy else None
 
     def maybe_reload(self, now: float | None = None) -> bool:
         """Re-read the file if it changed (`now`: monotonic s); True (and a new generation) if it did."""
-        if self._policy is None or not self._policy.maybe_reload(now):
+        if self._reloading is None or not self._reloading.maybe_reload(now):
             return False
         self.generation += 1
         return True
 
     def roles(self, principal: str) -> frozenset[str]:
         """The principal's roles: its own and the wildcard's; every role with authorization off."""
-        return ALL_ROLES if self._policy is None else roles_in(self._policy.value, principal)
+        return ALL_ROLES if self._reloading is None else roles_in(self._reloading.value, principal)
 
     def check(self, principal: str, role: str) -> None:
         """Pass if `principal` has `role`; else AuthorizationError naming both."""

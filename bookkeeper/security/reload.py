@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 Signature = tuple[tuple[int, int, int] | None, ...]
@@ -101,3 +101,22 @@ class Reloading(Generic[T]):
         self.reload_failures += 1
         self.last_error = reason
         log.warning("%s not reloaded, the previous one stays in use: %s", self._what, reason)
+
+
+class ReloadCounters:
+    """What a holder of a Reloading value tells /metrics about it: mixed into ReloadingTLS,
+    TokenKeys and AuthzPolicy, whose `_reloading` is that value (None: nothing loaded)."""
+
+    _reloading: Reloading[Any] | None
+
+    @property
+    def reloads(self) -> int:
+        return self._reloading.reloads if self._reloading is not None else 0
+
+    @property
+    def reload_failures(self) -> int:
+        return self._reloading.reload_failures if self._reloading is not None else 0
+
+    @property
+    def last_error(self) -> str | None:
+        return self._reloading.last_error if self._reloading is not None else None

@@ -23,7 +23,7 @@ from typing import Any
 from cryptography import x509
 
 from bookkeeper.errors import AuthenticationError, ConfigError
-from bookkeeper.security.reload import LoadError, Reloading
+from bookkeeper.security.reload import LoadError, ReloadCounters, Reloading
 
 TLS_MODES = ("off", "optional", "require")
 BOOKIE_URI_SCHEME = "bookie://"
@@ -101,7 +101,7 @@ def _validate(*, server_side: bool, cert_file: str | None, key_file: str | None,
                           + (" (tls_client_auth)" if server_side else ""))
 
 
-class ReloadingTLS:
+class ReloadingTLS(ReloadCounters):
     """An `ssl.SSLContext` rebuilt when its certificate, key or CA file changes.
 
     Lives wherever connections are made (a shard's server, a client, auto-recovery's copies):
@@ -109,6 +109,8 @@ class ReloadingTLS:
     `reload_interval_s`) and takes `.context` for each new connection (`loop.start_tls`,
     `loop.create_connection(ssl=...)`). `reloads`, `reload_failures`, `last_error` and
     `days_to_expiry()` are what `/metrics` shows."""
+
+    _reloading: Reloading[tuple[ssl.SSLContext, float | None]]
 
     def __init__(self, *, server_side: bool, cert_file: str | None, key_file: str | None, ca_file: str | None,
                  client_auth: bool = False, reload_interval_s: float = 60.0) -> None:
@@ -123,36 +125,27 @@ class ReloadingTLS:
                                  ca_file=ca_file, client_auth=client_auth)
         paths = [p for p in (cert_file, key_file, ca_file) if p]
         try:
-            self._files = Reloading(paths, load, what="TLS files", reload_interval_s=reload_interval_s)
+            self._reloading = Reloading(paths, load, what="TLS files", reload_interval_s=reload_interval_s)
         except LoadError as e:
             raise ConfigError(f"TLS: {e}") from None
 
     @property
     def context(self) -> ssl.SSLContext:
         """The context for the next connection (open ones keep the one they were made with)."""
-        return self._files.value[0]
+        return self._reloading.value[0]
 
-    @property
-    def reloads(self) -> int:
-        return self._files.reloads
 
-    @property
-    def reload_failures(self) -> int:
-        return self._files.reload_failures
 
-    @property
-    def last_error(self) -> str | None:
-        return self._files.last_error
 
     def maybe_reload(self, now: float | None = None) -> bool:
         """Stat the files (at most once per interval) and swap in a new context if they changed
         and load; a bad change keeps the old context, counted (`now`: monotonic seconds)."""
-        return self._files.maybe_reload(now)
+        return self._reloading.maybe_reload(now)
 
     def days_to_expiry(self, now: float | None = None) -> float | None:
         """Days until the loaded certificate's notAfter (`now`: epoch seconds); negative once
         expired; None without a certificate (a client without mTLS)."""
-        not_after = self._files.value[1]
+        not_after = self._reloading.value[1]
         if not_after is None:
             return None
         return (not_after - (time.time() if now is None else now)) / 86400.0

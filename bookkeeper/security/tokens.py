@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bookkeeper.errors import AuthenticationError, ConfigError
-from bookkeeper.security.reload import LoadError, Reloading
+from bookkeeper.security.reload import LoadError, ReloadCounters, Reloading
 
 TOKEN_VERSION = "bk1"
 MIN_SECRET_BYTES = 32
@@ -153,42 +153,35 @@ def read_keys_file(path: str) -> dict[str, bytes]:
         raise LoadError(f"keys file {path}: not UTF-8 text") from None
 
 
-class TokenKeys:
+class TokenKeys(ReloadCounters):
     """The secrets tokens are verified with, re-read when the keys file changes (per shard or
     per process; `maybe_reload` is a stat at most once per interval)."""
+
+    _reloading: Reloading[dict[str, bytes]]
 
     def __init__(self, path: str, reload_interval_s: float = 60.0) -> None:
         if reload_interval_s <= 0:
             raise ConfigError(f"tls_reload_interval_s must be > 0, got {reload_interval_s}")
         self.path = path
         try:
-            self._keys = Reloading([path], lambda: read_keys_file(path), what=f"token keys file {path}",
-                                   reload_interval_s=reload_interval_s)
+            self._reloading = Reloading([path], lambda: read_keys_file(path), what=f"token keys file {path}",
+                                        reload_interval_s=reload_interval_s)
         except LoadError as e:
             raise ConfigError(f"auth_token_keys_file: {e}") from None
 
-    @property
-    def reloads(self) -> int:
-        return self._keys.reloads
 
-    @property
-    def reload_failures(self) -> int:
-        return self._keys.reload_failures
 
-    @property
-    def last_error(self) -> str | None:
-        return self._keys.last_error
 
     @property
     def key_ids(self) -> list[str]:
-        return sorted(self._keys.value)
+        return sorted(self._reloading.value)
 
     def maybe_reload(self, now: float | None = None) -> bool:
         """Re-read the keys file if it changed (`now`: monotonic s); a bad file keeps the old keys."""
-        return self._keys.maybe_reload(now)
+        return self._reloading.maybe_reload(now)
 
     def secret(self, kid: str) -> bytes | None:
-        return self._keys.value.get(kid)
+        return self._reloading.value.get(kid)
 
     def verify(self, token: str, now: float | None = None) -> TokenClaims:
         """The claims of a valid token, else AuthenticationError with the reason: "malformed
