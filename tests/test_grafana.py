@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bookkeeper.client import BookKeeper
 from bookkeeper.testing.cluster import LocalCluster, free_port_block
+from bookkeeper.testing.waiting import wait_until
 from tests.conftest import run
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "bookkeeper-bookies.json"
@@ -57,8 +58,15 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
         run(traffic())
         req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/bookie/gc", method="POST")
         urllib.request.urlopen(req, timeout=60).read()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-            text = r.read().decode()
+
+        def metrics() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                return r.read().decode()
+
+        # Auto-recovery's gauges appear once its worker has started (after the bookie is ready).
+        text = wait_until("auto-recovery's gauges in /metrics",
+                          lambda: t if "bookkeeper_autorecovery_auditor_zk_writes" in (t := metrics()) else None,
+                          timeout_s=60)
         yield {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
     finally:
         c.stop()

@@ -30,6 +30,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.errors import AuthenticationError
@@ -234,6 +235,31 @@ class AdminTLS:
         try:
             tls_sock.do_handshake()
         except BaseException:
-            tls_sock.close()
+            _close_lingering(tls_sock)
             raise
         return tls_sock
+
+
+LINGER_S = 0.5
+LINGER_BYTES = 64 * 1024
+
+
+def _close_lingering(tls_sock: ssl.SSLSocket) -> None:
+    """Close a connection whose handshake failed so that its peer reads why. In TLS 1.3 a
+    client finishes its side first and sends its request at once; closing with that request
+    unread makes the kernel send a reset, which can reach the client before it reads the
+    alert OpenSSL already wrote (it then sees "connection reset", not "certificate refused").
+    So: end our side, read and drop what is in flight for a moment, then close."""
+    try:
+        tls_sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER_S
+        drained = 0
+        while drained < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+            tls_sock.settimeout(left)
+            if not (chunk := tls_sock.recv(4096)):
+                break
+            drained += len(chunk)
+    except (OSError, ValueError):
+        pass  # the peer is gone already: nothing left to protect
+    finally:
+        tls_sock.close()
