@@ -23,8 +23,13 @@ TEST_WORKERS ?= 3
 EXT_SOURCES := $(wildcard ext/bookkeeper/_ext/*.pyx ext/bookkeeper/_ext/*.pxd)
 LOADTEST_ARGS ?= -u 12 -r 12 -t 30s
 LOADTEST_DIR := loadtest-out
+# Debian's packages the tests run for real: ZooKeeper, supervisord (the Ansible role's
+# private supervisor), and for the multi-host tests (network namespaces as hosts) sshd,
+# nftables (partitions) and iproute2.
+APT_PACKAGES := zookeeper supervisor openssh-server nftables iproute2
+VERIFY_SECONDS ?= 180
 
-.PHONY: run test loadtest setup system-deps venv build clean fuzz
+.PHONY: run test loadtest setup system-deps venv build clean fuzz verify
 
 run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
@@ -35,11 +40,11 @@ test: setup
 setup: system-deps venv build
 
 system-deps:
-	@if ! dpkg -s zookeeper supervisor >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then \
-		echo "installing zookeeper, a JRE and supervisor (apt)"; \
+	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || ! command -v java >/dev/null 2>&1; then \
+		echo "installing $(APT_PACKAGES) and a JRE (apt)"; \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
-			zookeeper default-jre-headless supervisor >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			$(APT_PACKAGES) default-jre-headless >/dev/null; \
 	fi
 
 $(VENV)/.stamp-deps: requirements.txt
@@ -56,6 +61,11 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-deps pyproject.toml setup.py $(EXT_SOURCES)
 	touch $@
 
 build: $(VENV)/.stamp-build
+
+# `make verify VERIFY_SECONDS=N` (default 180): `bk verify` against a local cluster of 5 bookies
+# with every local fault kind on a seeded schedule; exits non-zero on any anomaly (docs/operations.md).
+verify: setup
+	$(VENV)/bin/bk verify local --bookies 5 --seconds $(VERIFY_SECONDS) --dir verify-out
 
 # A sandbox in the background, a headless locust run against it, the sandbox stopped.
 loadtest: setup

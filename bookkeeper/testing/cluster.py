@@ -104,8 +104,10 @@ class LocalBookie:
     """
 
     def __init__(self, directory: Path, metadata_uri: str, *, index: int, shards: int,
-                 journal_sync: str, extra: dict[str, Any] | None = None, pki: TestPKI | None = None) -> None:
+                 journal_sync: str, extra: dict[str, Any] | None = None, pki: TestPKI | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.dir = directory
+        self.env = dict(env or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         self.index = index
         self.port = free_port_block(shards)
@@ -156,7 +158,8 @@ class LocalBookie:
         log = open(self.dir / "bookie.log", "ab")
         self.proc = subprocess.Popen(module_command("bookkeeper.cli.main", "-v", "bookie", "--conf",
                                                      str(self.conf_path)), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True, env={**os.environ, "BK_PARENT_PID": str(os.getpid())})
+                                     start_new_session=True,
+                                     env={**os.environ, **self.env, "BK_PARENT_PID": str(os.getpid())})
         log.close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -290,8 +293,9 @@ class LocalCluster:
                  journal_sync: str = "io_uring", zk_port: int | None = None, prefer_zk_port: int | None = None,
                  http_ports: bool = False, racks: bool = False,
                  bookie_conf: dict[str, Any] | None = None, pki: TestPKI | None = None,
-                 bookie_trust: dict[str, Any] | None = None) -> None:
+                 bookie_trust: dict[str, Any] | None = None, bookie_env: dict[str, str] | None = None) -> None:
         self.dir = Path(directory)
+        self.bookie_env = dict(bookie_env or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         self.zk = ZooKeeperServer(self.dir / "zookeeper",
                                   port=choose_zk_port(zk_port=zk_port, prefer_zk_port=prefer_zk_port))
@@ -325,8 +329,9 @@ class LocalCluster:
             raise
         return self
 
-    def add_bookie(self, *, wait: bool = True, **conf: Any) -> LocalBookie:
-        """Start one more bookie (its conf: the cluster's options, then bookie_conf, then `conf`)."""
+    def add_bookie(self, *, wait: bool = True, env: dict[str, str] | None = None, **conf: Any) -> LocalBookie:
+        """Start one more bookie (its conf: the cluster's options, then bookie_conf, then `conf`;
+        its environment: ours, then the cluster's bookie_env, then `env`: test-only switches)."""
         index = len(self.bookies)
         options: dict[str, Any] = {}
         if self.http_ports:
@@ -334,7 +339,7 @@ class LocalCluster:
         if self.racks:
             options["rack"] = f"/rack-{index + 1}"
         b = LocalBookie(self.dir / f"bookie-{index}", self.metadata_uri, index=index, shards=self.shards,
-                        journal_sync=self.journal_sync, pki=self.pki,
+                        journal_sync=self.journal_sync, pki=self.pki, env={**self.bookie_env, **(env or {})},
                         extra={**options, **self.bookie_trust, **self.bookie_conf, **conf})
         self.bookies.append(b)
         b.start()
