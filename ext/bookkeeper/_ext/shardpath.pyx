@@ -68,7 +68,8 @@ cdef class LedgerState:
         self.last_entry = last_entry
 
     def __repr__(self) -> str:
-        return (f"LedgerState(master_key={self.master_key!r}, fenced={self.fenced}, lac={self.lac}, "
+        # The master key opens the ledger's entries to whoever holds it: a repr lands in logs.
+        return (f"LedgerState(master_key=<{len(self.master_key)} bytes>, fenced={self.fenced}, lac={self.lac}, "
                 f"last_entry={self.last_entry})")
 
 
