@@ -912,3 +912,12 @@ def test_a_token_nested_past_the_recursion_limit_is_malformed() -> None:
     body = base64.urlsafe_b64encode(b"[" * 3000).rstrip(b"=").decode()
     with pytest.raises(AuthenticationError, match="^malformed token$"):
         unverified_claims(f"bk1.{body}.sig")
+
+
+def test_a_ledgers_state_repr_does_not_show_its_master_key() -> None:
+    """A bookie's per-ledger state lands in logs through its repr: the key stays out of it."""
+    from bookkeeper._ext.shardpath import LedgerState
+
+    key = hashlib.sha1(b"secret").digest()
+    text = repr(LedgerState(key, False, 4, 7))
+    assert key.hex() not in text and repr(key) not in text and "<20 bytes>" in text and "lac=4" in text
