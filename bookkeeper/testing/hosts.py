@@ -1,0 +1,583 @@
+"""Test hosts: network namespaces on one bridge, each with its own address, files and sshd.
+
+Design note
+-----------
+Multi-host tests (Ansible over SSH, a ZooKeeper quorum, Spark standalone, partitions) need
+hosts that are real to everything above the kernel, yet must leave nothing on the machine and
+must not touch its network. ``TestHosts`` makes them out of namespaces:
+
+* **Network.** One network namespace per host, ``<prefix>-<name>`` (``ip netns add``), and one
+  more, ``<prefix>-br``, holding the bridge ``br0``. Each host's veth pair is created inside the
+  bridge's namespace with its peer sent straight into the host's namespace as ``eth0``, so no
+  interface ever appears in the root namespace. The host's address is in a /24 of
+  ``10.213.0.0/16`` that no live run uses (chosen under a file lock, so concurrent pytest-xdist
+  workers get distinct subnets); that /24 exists only inside the run's namespaces. Each host has
+  its own loopback, up.
+* **Files.** Each host has a persistent mount namespace (``unshare --mount=<file>``; the file is
+  under ``/run/bk-test-hosts/mnt``, which is bind-mounted onto itself and made private once, as
+  the kernel requires for a namespace file) in which every ``private_paths`` entry is
+  bind-mounted from ``workdir/<name>/<path>``: hosts writing ``/srv/...`` never see each other's
+  files. A private path missing on the machine is created (``mkdir -p``) first. The workdir itself
+  stays visible at its own path on every host, even when it lies under a private path such as
+  ``/tmp``, so the fixture's key and ssh_config (and a test's artefacts) can be passed by path,
+  like a shared file system. The netns files copied into a new mount namespace are unmounted in
+  it, so a host never pins another run's namespaces.
+* **Processes.** ``Host.run`` / ``Host.popen`` run argv under ``nsenter --net --mount``;
+  ``/usr/bin/python3`` and the venv are the machine's (shared file system). ``Host.pids`` is
+  every process in the host's network namespace (``ip netns pids``).
+* **SSH.** Each host runs Debian's ``sshd`` on port 22 of its address (its own config, host keys
+  made once per run, ``AuthorizedKeysFile`` the fixture's public key, root by key only).
+  ``TestHosts.ssh_config`` names every host by name, so ``ssh -F <ssh_config> zk1 true`` works
+  from any host: Ansible's controller runs inside one of them (e.g. a host named ``ctl``) and
+  all its traffic stays between the namespaces.
+* **Faults.** ``Host.partition("drop" | "reset", peers)`` loads an nftables table ``inet bktest``
+  in the host's namespace dropping (or rejecting with a TCP reset, ICMP for the rest) every
+  packet to and from the peers' addresses; the host's own loopback is untouched. ``Host.heal``
+  deletes the table. ``Host.kill_processes`` signals every process of the host except, when
+  asked, its sshd (listener and session processes): "stop the host's processes".
+* **Cleanup.** ``stop()`` kills every process of every host namespace (SIGTERM, then SIGKILL
+  after a short grace), unmounts the mount namespace files, deletes the namespaces and the state
+  file; it is idempotent and registered with ``atexit``. A run writes its owner pid (and that
+  process's start time, against pid reuse) to ``/run/bk-test-hosts/<prefix>.json`` BEFORE it
+  makes anything, so a run killed at any point is found and removed by the next ``start()``.
+  For humans: ``python -m bookkeeper.testing.hosts --cleanup`` removes every stale run.
+
+``namespaces_unavailable()`` says in one line why none of this can run here (not root, a tool
+missing, a namespace cannot be made); test modules skip with it.
+
+Only the standard library is used.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["Host", "TestHosts", "namespaces_unavailable", "cleanup_stale"]
+
+STATE_DIR = Path("/run/bk-test-hosts")
+MOUNT_DIR = STATE_DIR / "mnt"  # persistent mount-namespace files: must sit on a private mount
+NETNS_DIR = Path("/run/netns")
+SUBNET_BASE = "10.213"  # the run takes 10.213.N.0/24 for a free N
+BRIDGE = "br0"
+SSHD = "/usr/sbin/sshd"
+NFT_TABLE = "bktest"
+TERM_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
+TOOLS = ("ip", "nsenter", "unshare", "nft", "ssh", "ssh-keygen", "mount", "umount")
+PARTITION_MODES = ("drop", "reset")
+
+
+class HostsError(RuntimeError):
+    """A test-hosts operation failed (a namespace, mount or sshd could not be set up)."""
+
+
+def _sh(argv: list[str], *, check: bool = True, input: str | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a root-namespace setup command; a failure names the command and its stderr."""
+    proc = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise HostsError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def namespaces_unavailable() -> str | None:
+    """None when test hosts can be made here; else one line saying why (a skip reason)."""
+    if os.geteuid() != 0:
+        return "test hosts need root (network and mount namespaces, nftables)"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if not os.access(SSHD, os.X_OK):
+        missing.append(SSHD)
+    if missing:
+        return f"test hosts need {', '.join(missing)} (make installs openssh-server, nftables, iproute2)"
+    probe = f"bkprobe{os.getpid()}"
+    made = _sh(["ip", "netns", "add", probe], check=False)
+    _sh(["ip", "netns", "delete", probe], check=False)
+    if made.returncode != 0:
+        return f"cannot make a network namespace: {made.stderr.strip()}"
+    return None
+
+
+# ---- state files and stale runs -------------------------------------------------------------
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot): tells a live owner from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(state: dict[str, object]) -> bool:
+    """Whether the process that made a run still lives (same pid, same start time)."""
+    pid = state.get("owner_pid")
+    return isinstance(pid, int) and _start_time(pid) == state.get("owner_start")
+
+
+def _read_states() -> list[tuple[Path, dict[str, object]]]:
+    """Every run's state file; a half-written one counts as an empty state (stale)."""
+    found = []
+    for path in sorted(STATE_DIR.glob("*.json")):
+        try:
+            found.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            found.append((path, {}))
+    return found
+
+
+class _Lock:
+    """The machine-wide lock under which runs pick subnets and clean stale runs."""
+
+    def __enter__(self) -> _Lock:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
+def _netns_pids(netns: str) -> list[int]:
+    proc = _sh(["ip", "netns", "pids", netns], check=False)
+    return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_netns_processes(namespaces: list[str]) -> None:
+    """SIGTERM every process of the namespaces, then SIGKILL what is left after a grace."""
+    pids = [p for ns in namespaces for p in _netns_pids(ns)]
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = [p for ns in namespaces for p in _netns_pids(ns)]
+    while pids:
+        _signal_all(pids, signal.SIGKILL)
+        time.sleep(0.05)
+        pids = [p for ns in namespaces for p in _netns_pids(ns)]
+
+
+def _remove_run(state: dict[str, object], prefix: str) -> None:
+    """Remove everything a run made: its processes, mount-ns files, namespaces, work files."""
+    namespaces = [ns.name for ns in NETNS_DIR.glob(f"{prefix}-*")] if NETNS_DIR.is_dir() else []
+    _kill_netns_processes(namespaces)
+    for mnt in MOUNT_DIR.glob(f"{prefix}-*"):
+        _sh(["umount", "--lazy", str(mnt)], check=False)
+        mnt.unlink(missing_ok=True)
+    for ns in namespaces:
+        _sh(["ip", "netns", "delete", ns], check=False)
+    run_dir = state.get("run_dir")
+    if isinstance(run_dir, str):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def cleanup_stale() -> list[str]:
+    """Remove every run whose owner process is dead; returns their prefixes."""
+    removed = []
+    with _Lock():
+        for path, state in _read_states():
+            if not _owner_alive(state):
+                _remove_run(state, path.stem)
+                path.unlink(missing_ok=True)
+                removed.append(path.stem)
+    return removed
+
+
+def _free_subnet() -> int:
+    """The N of a 10.213.N.0/24 no live run holds (the caller holds the lock)."""
+    used = {state.get("subnet") for _, state in _read_states()}
+    for n in range(256):
+        if n not in used:
+            return n
+    raise HostsError("all 256 test-host subnets of 10.213.0.0/16 are in use")
+
+
+def _ensure_private_mount_dir() -> None:
+    """Make MOUNT_DIR a private mount: a mount-namespace file may not sit on a shared one."""
+    MOUNT_DIR.mkdir(parents=True, exist_ok=True)
+    if _sh(["mountpoint", "-q", str(MOUNT_DIR)], check=False).returncode != 0:
+        _sh(["mount", "--bind", str(MOUNT_DIR), str(MOUNT_DIR)])
+    _sh(["mount", "--make-private", str(MOUNT_DIR)])
+
+
+# ---- hosts --------------------------------------------------------------------------------------
+
+class Host:
+    """One test host: a network namespace, a mount namespace, an address and an sshd."""
+
+    def __init__(self, hosts: TestHosts, name: str, address: str) -> None:
+        self.name = name
+        self.address = address
+        self._hosts = hosts
+        self.netns = f"{hosts.prefix}-{name}"
+        self.mount_file = MOUNT_DIR / self.netns
+        self.sshd: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"Host({self.name!r}, {self.address!r})"
+
+    def backing_dir(self, path: str | Path) -> Path:
+        """The root-namespace directory behind a private path (or a path under one)."""
+        path = Path(path)
+        for private in self._hosts.private_paths:
+            if path == Path(private) or Path(private) in path.parents:
+                return self._hosts.workdir / self.name / path.relative_to("/")
+        raise ValueError(f"{path} is not under a private path of {self.name} "
+                         f"({', '.join(self._hosts.private_paths)})")
+
+    def _enter(self, argv: list[str] | str, cwd: str | Path | None = None) -> list[str]:
+        """argv wrapped to run inside this host's network and mount namespaces."""
+        command = ["sh", "-c", argv] if isinstance(argv, str) else list(argv)
+        wd = [f"--wd={cwd}"] if cwd is not None else []
+        return ["nsenter", f"--net={NETNS_DIR / self.netns}", f"--mount={self.mount_file}",
+                *wd, "--", *command]
+
+    def run(self, argv: list[str] | str, *, check: bool = True, timeout: float = 120,
+            env: dict[str, str] | None = None, input: str | None = None,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command on this host (a str through ``sh -c``) and capture its output."""
+        proc = subprocess.run(self._enter(argv, cwd), capture_output=True, text=True,
+                              timeout=timeout, env=env, input=input)
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)
+        return proc
+
+    def popen(self, argv: list[str] | str, **popen_kwargs: object) -> subprocess.Popen:
+        """Start a long-running process on this host; ``stop()`` kills it with the host."""
+        cwd = popen_kwargs.pop("cwd", None)
+        return subprocess.Popen(self._enter(argv, cwd), **popen_kwargs)  # type: ignore[arg-type]
+
+    def pids(self) -> list[int]:
+        """Every process in this host's network namespace."""
+        return _netns_pids(self.netns)
+
+    def _sshd_pids(self) -> set[int]:
+        """The sshd listener and its sshd descendants (session processes)."""
+        if self.sshd is None or self.sshd.poll() is not None:
+            return set()
+        keep = {self.sshd.pid}
+        children = _children()
+        frontier = [self.sshd.pid]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if _comm(child).startswith("sshd"):
+                    keep.add(child)
+                    frontier.append(child)
+        return keep
+
+    def kill_processes(self, sig: int = signal.SIGKILL, *, keep_sshd: bool = True) -> list[int]:
+        """Signal every process of the host (a "stop the host's processes" fault).
+
+        With ``keep_sshd`` the sshd listener and its session processes survive, so the host
+        can still be reached to start things again; whatever those sessions run is signalled.
+        Returns the pids signalled.
+        """
+        keep = self._sshd_pids() if keep_sshd else set()
+        victims = [pid for pid in self.pids() if pid not in keep]
+        _signal_all(victims, sig)
+        return victims
+
+    def partition(self, mode: str = "drop", peers: list[Host] | None = None) -> None:
+        """Cut this host off from ``peers`` (default: every other host) with nftables."""
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"partition mode must be one of {PARTITION_MODES}, not {mode!r}")
+        targets = peers if peers is not None else [h for h in self._hosts if h is not self]
+        if not targets:
+            raise ValueError(f"{self.name}: no peers to partition from")
+        self._nft(partition_ruleset(mode, [h.address for h in targets]))
+
+    def heal(self) -> None:
+        """Undo ``partition``: delete the nftables table (nothing happens if there is none)."""
+        self._nft(f"table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n")
+
+    def _nft(self, ruleset: str) -> None:
+        self.run(["nft", "-f", "-"], input=ruleset, timeout=30)
+
+
+def partition_ruleset(mode: str, peer_addresses: list[str]) -> str:
+    """The nftables script that replaces the ``inet bktest`` table with a partition.
+
+    "drop" silently drops every packet to or from the peers (connects time out); "reset"
+    rejects TCP with a reset and everything else with ICMP port-unreachable (connects fail
+    at once). Declaring the table before deleting it makes the delete safe on a healed host,
+    and the whole script is one nft transaction.
+    """
+    peers = "{ " + ", ".join(peer_addresses) + " }"
+    verdict = {"drop": ["drop"],
+               "reset": ["meta l4proto tcp reject with tcp reset", "reject with icmpx type port-unreachable"]}[mode]
+    rules_in = "\n".join(f"    ip saddr {peers} {v}" for v in verdict)
+    rules_out = "\n".join(f"    ip daddr {peers} {v}" for v in verdict)
+    return (f"table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
+            f"table inet {NFT_TABLE} {{\n"
+            f"  chain input {{\n    type filter hook input priority 0; policy accept;\n{rules_in}\n  }}\n"
+            f"  chain output {{\n    type filter hook output priority 0; policy accept;\n{rules_out}\n  }}\n"
+            f"}}\n")
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, for every process on the machine."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+# ---- the fixture -------------------------------------------------------------------------------
+
+class TestHosts:
+    """N test hosts on one bridge; a context manager (or ``start()`` / ``stop()``).
+
+    ``workdir`` holds each host's private directories (``workdir/<name>/srv``...), the ssh key,
+    ``ssh_config`` and sshd logs; it is visible at its own path on every host. Each entry of
+    ``private_paths`` (absolute; created on the machine with ``mkdir -p`` if missing) is private
+    per host.
+    """
+
+    __test__ = False  # a fixture, not a pytest test class
+
+    def __init__(self, workdir: Path, names: list[str], *,
+                 private_paths: tuple[str, ...] = ("/srv",)) -> None:
+        _check_names(names)
+        _check_private_paths(private_paths)
+        self.workdir = Path(workdir).resolve()
+        self.names = list(names)
+        self.private_paths = tuple(private_paths)
+        self.prefix = f"bkt{os.getpid()}x{int(time.monotonic() * 1000) % 100000}"
+        self.run_dir = self.workdir / "_hosts"
+        self.ssh_key = self.run_dir / "id_ed25519"
+        self.ssh_config = self.run_dir / "ssh_config"
+        self._hosts: dict[str, Host] = {}
+        self._started = False
+
+    def __getitem__(self, name: str) -> Host:
+        return self._hosts[name]
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self._hosts.values())
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    @property
+    def state_file(self) -> Path:
+        return STATE_DIR / f"{self.prefix}.json"
+
+    def ssh_argv(self, host_name: str, command: str | list[str]) -> list[str]:
+        """The ssh argv that runs ``command`` on a host (from inside any host)."""
+        if host_name not in self._hosts:
+            raise KeyError(f"no test host named {host_name!r}")
+        remote = command if isinstance(command, str) else " ".join(map(shlex.quote, command))
+        return ["ssh", "-F", str(self.ssh_config), host_name, remote]
+
+    def __enter__(self) -> TestHosts:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> TestHosts:
+        """Make the hosts; on any failure everything made so far is removed again."""
+        if self._started:
+            return self
+        reason = namespaces_unavailable()
+        if reason is not None:
+            raise HostsError(reason)
+        cleanup_stale()
+        self._started = True
+        atexit.register(self.stop)
+        try:
+            self._claim()
+            self._make_keys()
+            self._make_network()
+            for host in self:
+                self._make_mounts(host)
+            self._write_ssh_config()
+            for host in self:
+                self._start_sshd(host)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Remove every process, namespace, mount-ns file and the state file; idempotent."""
+        if not self._started:
+            return
+        self._started = False
+        atexit.unregister(self.stop)
+        with _Lock():
+            _remove_run({}, self.prefix)
+            self.state_file.unlink(missing_ok=True)
+
+    # -- setup steps --
+
+    def _claim(self) -> None:
+        """Pick a free subnet and record the run BEFORE making anything, under the lock."""
+        with _Lock():
+            _ensure_private_mount_dir()
+            subnet = _free_subnet()
+            state = {"owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
+                     "subnet": subnet, "names": self.names, "workdir": str(self.workdir)}
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.rename(self.state_file)
+        self.subnet = f"{SUBNET_BASE}.{subnet}.0/24"
+        for i, name in enumerate(self.names):
+            self._hosts[name] = Host(self, name, f"{SUBNET_BASE}.{subnet}.{i + 1}")
+
+    def _make_keys(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for key in (self.ssh_key, self.run_dir / "ssh_host_ed25519_key"):
+            if not key.exists():
+                _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.prefix, "-f", str(key)])
+
+    def _make_network(self) -> None:
+        bridge_ns = f"{self.prefix}-br"
+        _sh(["ip", "netns", "add", bridge_ns])
+        _sh(["ip", "-n", bridge_ns, "link", "add", BRIDGE, "type", "bridge"])
+        _sh(["ip", "-n", bridge_ns, "link", "set", BRIDGE, "up"])
+        for i, host in enumerate(self):
+            _sh(["ip", "netns", "add", host.netns])
+            # Both ends are born in the bridge's namespace and eth0 goes straight to the host's:
+            # nothing of the run ever appears in the root namespace.
+            _sh(["ip", "-n", bridge_ns, "link", "add", f"v{i}", "type", "veth",
+                 "peer", "name", "eth0", "netns", host.netns])
+            _sh(["ip", "-n", bridge_ns, "link", "set", f"v{i}", "master", BRIDGE, "up"])
+            _sh(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+            _sh(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+            _sh(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
+
+    def _make_mounts(self, host: Host) -> None:
+        """A persistent mount namespace with the private paths bound from the host's dirs."""
+        host.mount_file.touch()
+        _sh(["unshare", f"--mount={host.mount_file}", "--propagation", "private", "true"])
+        script = [
+            # Netns files copied from the root namespace would pin other runs' namespaces.
+            "findmnt -rn -t nsfs -o TARGET | while read -r m; do umount -l \"$m\"; done",
+        ]
+        stash = STATE_DIR / f"{host.netns}.workdir"
+        covered = any(self.workdir == Path(p) or Path(p) in self.workdir.parents
+                      for p in self.private_paths)
+        if covered:  # keep the workdir visible on the host though a private path covers it
+            script.append(f"mkdir -p {shlex.quote(str(stash))} && mount --bind {shlex.quote(str(self.workdir))} "
+                          f"{shlex.quote(str(stash))}")
+        for private in self.private_paths:
+            backing = host.backing_dir(private)
+            backing.mkdir(parents=True, exist_ok=True)
+            Path(private).mkdir(parents=True, exist_ok=True)
+            script.append(f"mount --bind {shlex.quote(str(backing))} {shlex.quote(private)}")
+        if covered:
+            script.append(f"mkdir -p {shlex.quote(str(self.workdir))} && mount --move {shlex.quote(str(stash))} "
+                          f"{shlex.quote(str(self.workdir))} && rmdir {shlex.quote(str(stash))}")
+        _sh(["nsenter", f"--mount={host.mount_file}", "--", "sh", "-ec", "\n".join(script)])
+
+    def _write_ssh_config(self) -> None:
+        blocks = [f"Host {h.name}\n  HostName {h.address}\n" for h in self]
+        common = (f"Host *\n  User root\n  IdentityFile {self.ssh_key}\n  IdentitiesOnly yes\n"
+                  "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+                  "  BatchMode yes\n  ConnectTimeout 10\n")
+        self.ssh_config.write_text("".join(blocks) + common)
+
+    def _start_sshd(self, host: Host) -> None:
+        """Start the host's sshd and wait until it answers on port 22 of its address."""
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        config = self.run_dir / f"sshd_config.{host.name}"
+        config.write_text(
+            f"Port 22\nListenAddress {host.address}\n"
+            f"HostKey {self.run_dir / 'ssh_host_ed25519_key'}\n"
+            f"AuthorizedKeysFile {self.ssh_key}.pub\n"
+            f"PidFile {self.run_dir / f'sshd.{host.name}.pid'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "AcceptEnv LANG LC_*\nSubsystem sftp /usr/lib/openssh/sftp-server\n")
+        log = open(self.run_dir / f"sshd.{host.name}.log", "ab")
+        with log:
+            host.sshd = host.popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._wait_sshd(host)
+
+    def _wait_sshd(self, host: Host) -> None:
+        probe = (f"import socket,time\nfor _ in range(200):\n"
+                 f"    try:\n        socket.create_connection(('{host.address}', 22), 1).close(); break\n"
+                 f"    except OSError: time.sleep(0.05)\nelse: raise SystemExit(1)\n")
+        if host.run(["/usr/bin/python3", "-c", probe], check=False, timeout=30).returncode != 0:
+            log = (self.run_dir / f"sshd.{host.name}.log").read_text(errors="replace")
+            raise HostsError(f"sshd on {host.name} ({host.address}) did not listen: {log[-2000:]}")
+
+
+def _check_names(names: list[str]) -> None:
+    """Host names become ssh aliases and namespace names: short, plain, distinct."""
+    if not names:
+        raise ValueError("TestHosts needs at least one host name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"host names must be distinct: {names}")
+    if len(names) > 250:
+        raise ValueError("at most 250 test hosts fit one /24")
+    for name in names:
+        if not (name.isascii() and name.replace("-", "").isalnum() and name[0].isalpha()
+                and len(name) <= 32 and name != "br"):
+            raise ValueError(f"bad host name {name!r}: letters, digits and '-', starting "
+                             f"with a letter, at most 32 characters, not 'br'")
+
+
+def _check_private_paths(paths: tuple[str, ...]) -> None:
+    for path in paths:
+        p = Path(path)
+        if not p.is_absolute() or p == Path("/") or ".." in p.parts:
+            raise ValueError(f"private path {path!r} must be an absolute directory other than /")
+        if p in (Path("/run"), Path("/proc"), Path("/sys"), Path("/dev")) or \
+                p in STATE_DIR.parents or p == STATE_DIR or STATE_DIR in p.parents:
+            raise ValueError(f"private path {path!r} would hide what the hosts need "
+                             f"(/proc, /sys, /dev, /run)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bookkeeper.testing.hosts --cleanup``: remove every stale run."""
+    parser = argparse.ArgumentParser(prog="python -m bookkeeper.testing.hosts",
+                                     description="Test hosts in network namespaces.")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="remove every run whose owner process is dead")
+    args = parser.parse_args(argv)
+    if not args.cleanup:
+        parser.print_help()
+        return 2
+    removed = cleanup_stale()
+    print(f"removed {len(removed)} stale run(s)" + (f": {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
