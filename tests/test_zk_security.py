@@ -149,8 +149,12 @@ def test_seal_key_file_is_0600_and_never_overwritten(tmp_path: Path) -> None:
     with pytest.raises(SealError, match="not overwriting"):
         write_private_key(path)
     (tmp_path / "junk.pem").write_text("junk")
+    (tmp_path / "junk.pem").chmod(0o600)
     with pytest.raises(SealError, match="no unencrypted PEM private key"):
         load_private_key(tmp_path / "junk.pem")
+    path.chmod(0o644)
+    with pytest.raises(SealError, match=r"readable or writable by every user \(mode 0644\): chmod 600 it"):
+        load_private_key(path)
 
 
 def test_security_doc_round_trip() -> None:

@@ -20,7 +20,7 @@ import base64
 import binascii
 import hashlib
 import os
-from pathlib import Path
+import stat
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -94,11 +94,17 @@ def public_bytes(private_key: X25519PrivateKey) -> bytes:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
-    """The X25519 private key of a seal key file (PKCS#8 PEM, as write_private_key makes it)."""
+    """The X25519 private key of a seal key file (PKCS#8 PEM, as write_private_key makes it).
+    Refused when every user may read or write the file: the key opens every ledger's password."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            data = f.read()
     except OSError as e:
         raise SealError(f"password_seal_key_file {os.fspath(path)!r}: {e.strerror or e}") from None
+    if mode & (stat.S_IROTH | stat.S_IWOTH):
+        raise SealError(f"password_seal_key_file {os.fspath(path)!r}: readable or writable by every user "
+                        f"(mode {stat.S_IMODE(mode):04o}): chmod 600 it")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
