@@ -16,6 +16,7 @@ import datetime
 import ipaddress
 import os
 import re
+import tempfile
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -32,12 +33,13 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
-    """Write a file whole by rename, so a bookie reloading it never reads half a PEM."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Write a file whole by rename, so a bookie reloading it never reads half a PEM. The temp
+    file is new (O_EXCL, random name, 0600 from its creation: mkstemp), so a link planted at a
+    predictable name in a shared directory cannot redirect the key."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)  # a leftover temp file keeps its old mode through O_CREAT
+            os.fchmod(f.fileno(), mode)
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
