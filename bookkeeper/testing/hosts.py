@@ -50,6 +50,7 @@ Only the standard library is used.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import atexit
 import fcntl
 import json
@@ -62,6 +63,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = ["Host", "TestHosts", "namespaces_unavailable", "cleanup_stale"]
 
@@ -175,8 +177,12 @@ def _kill_netns_processes(namespaces: list[str]) -> None:
         pids = [p for ns in namespaces for p in _netns_pids(ns)]
 
 
-def _remove_run(state: dict[str, object], prefix: str) -> None:
-    """Remove everything a run made: its processes, mount-ns files, namespaces, work files."""
+def _remove_run(prefix: str) -> None:
+    """Remove everything a run made: its processes, mount-ns files and namespaces.
+
+    Found by the prefix, not from the state file, so that a run killed before it recorded a
+    namespace leaves nothing either. The workdir is the caller's (evidence): it stays.
+    """
     namespaces = [ns.name for ns in NETNS_DIR.glob(f"{prefix}-*")] if NETNS_DIR.is_dir() else []
     _kill_netns_processes(namespaces)
     for mnt in MOUNT_DIR.glob(f"{prefix}-*"):
@@ -184,9 +190,9 @@ def _remove_run(state: dict[str, object], prefix: str) -> None:
         mnt.unlink(missing_ok=True)
     for ns in namespaces:
         _sh(["ip", "netns", "delete", ns], check=False)
-    run_dir = state.get("run_dir")
-    if isinstance(run_dir, str):
-        shutil.rmtree(run_dir, ignore_errors=True)
+    for stash in STATE_DIR.glob(f"{prefix}-*.workdir"):  # left by a run killed mid-setup
+        with contextlib.suppress(OSError):
+            stash.rmdir()
 
 
 def cleanup_stale() -> list[str]:
@@ -195,7 +201,7 @@ def cleanup_stale() -> list[str]:
     with _Lock():
         for path, state in _read_states():
             if not _owner_alive(state):
-                _remove_run(state, path.stem)
+                _remove_run(path.stem)
                 path.unlink(missing_ok=True)
                 removed.append(path.stem)
     return removed
@@ -229,7 +235,7 @@ class Host:
         self._hosts = hosts
         self.netns = f"{hosts.prefix}-{name}"
         self.mount_file = MOUNT_DIR / self.netns
-        self.sshd: subprocess.Popen[bytes] | None = None
+        self.sshd: subprocess.Popen[Any] | None = None
 
     def __repr__(self) -> str:
         return f"Host({self.name!r}, {self.address!r})"
@@ -260,10 +266,13 @@ class Host:
             raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)
         return proc
 
-    def popen(self, argv: list[str] | str, **popen_kwargs: object) -> subprocess.Popen:
-        """Start a long-running process on this host; ``stop()`` kills it with the host."""
+    def popen(self, argv: list[str] | str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a long-running process on this host; ``stop()`` kills it with the host.
+
+        ``popen_kwargs`` are ``subprocess.Popen``'s; ``cwd`` is the directory inside the host.
+        """
         cwd = popen_kwargs.pop("cwd", None)
-        return subprocess.Popen(self._enter(argv, cwd), **popen_kwargs)  # type: ignore[arg-type]
+        return subprocess.Popen(self._enter(argv, cwd), **popen_kwargs)
 
     def pids(self) -> list[int]:
         """Every process in this host's network namespace."""
@@ -315,21 +324,32 @@ class Host:
 def partition_ruleset(mode: str, peer_addresses: list[str]) -> str:
     """The nftables script that replaces the ``inet bktest`` table with a partition.
 
-    "drop" silently drops every packet to or from the peers (connects time out); "reset"
-    rejects TCP with a reset and everything else with ICMP port-unreachable (connects fail
-    at once). Declaring the table before deleting it makes the delete safe on a healed host,
-    and the whole script is one nft transaction.
+    "drop" silently drops every packet to or from the peers (connects time out both ways).
+    "reset" rejects TCP with a reset and everything else with ICMP port-unreachable, so
+    connects fail at once both ways; the rejects' own answers must get through: a peer's SYN
+    is answered by a reset leaving on the output hook (let out), and a local connect's reset
+    comes back over lo with the peer's address (input from lo passes, as does the host's own
+    loopback). Declaring the table before deleting it makes the delete safe on a healed host;
+    the whole script is one nft transaction.
     """
     peers = "{ " + ", ".join(peer_addresses) + " }"
-    verdict = {"drop": ["drop"],
-               "reset": ["meta l4proto tcp reject with tcp reset", "reject with icmpx type port-unreachable"]}[mode]
-    rules_in = "\n".join(f"    ip saddr {peers} {v}" for v in verdict)
-    rules_out = "\n".join(f"    ip daddr {peers} {v}" for v in verdict)
+    if mode == "drop":
+        rules_in = [f"ip saddr {peers} drop"]
+        rules_out = [f"ip daddr {peers} drop"]
+    else:
+        reject = ["meta l4proto tcp reject with tcp reset", "reject with icmpx type port-unreachable"]
+        rules_in = ["iif lo accept", *(f"ip saddr {peers} {r}" for r in reject)]
+        rules_out = [f"ip daddr {peers} tcp flags & rst == rst accept",
+                     f"ip daddr {peers} icmp type destination-unreachable accept",
+                     *(f"ip daddr {peers} {r}" for r in reject)]
     return (f"table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
             f"table inet {NFT_TABLE} {{\n"
-            f"  chain input {{\n    type filter hook input priority 0; policy accept;\n{rules_in}\n  }}\n"
-            f"  chain output {{\n    type filter hook output priority 0; policy accept;\n{rules_out}\n  }}\n"
-            f"}}\n")
+            f"{_chain('input', rules_in)}{_chain('output', rules_out)}}}\n")
+
+
+def _chain(hook: str, rules: list[str]) -> str:
+    body = "".join(f"    {rule}\n" for rule in rules)
+    return f"  chain {hook} {{\n    type filter hook {hook} priority 0; policy accept;\n{body}  }}\n"
 
 
 def _children() -> dict[int, list[int]]:
@@ -439,7 +459,7 @@ class TestHosts:
         self._started = False
         atexit.unregister(self.stop)
         with _Lock():
-            _remove_run({}, self.prefix)
+            _remove_run(self.prefix)
             self.state_file.unlink(missing_ok=True)
 
     # -- setup steps --
