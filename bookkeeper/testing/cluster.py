@@ -1,11 +1,15 @@
 """A local cluster of real processes: one ZooKeeper and N bookies (each a supervisor
 plus its shard processes), with kill / hang / restart helpers.
 
+Everything binds and advertises 127.0.0.1 unless the cluster is given another `address`
+(a test host's, so Spark executors or clients on other hosts reach it directly).
+
 Used by the tests, by `bk sandbox` and `make run`; usable by anyone who wants a
 throw-away cluster. Every process is started here and stopped here by its pid.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from bookkeeper.testing.pki import TestPKI
 
 BOOKIE_START_TIMEOUT_S = 60.0
+_LOOPBACK = "127.0.0.1"  # where a cluster binds unless given an address
 # bookie id -> (registration data, id of the ZooKeeper session owning its ephemeral znode)
 Registrations = dict[str, tuple[dict[str, Any], int]]
 
@@ -56,17 +61,22 @@ _HANDED_OUT: set[int] = set()
 _HANDED_OUT_LOCK = threading.Lock()
 
 
-def _bindable(port: int) -> bool:
+def _bindable(port: int, address: str) -> bool:
+    """False when the port is taken; an address that is not one of this host's is the caller's
+    mistake, named, not a port that happens to be busy 500 times."""
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+            s.bind((address, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise ValueError(f"cannot bind {address}:{port} ({e}): is {address!r} an address of this host?") from e
     return True
 
 
-def free_port_block(count: int = 1) -> int:
-    """A base port with `count` consecutive free loopback ports, below the ephemeral range.
+def free_port_block(count: int = 1, *, address: str = _LOOPBACK) -> int:
+    """A base port with `count` consecutive ports free on `address` (loopback by default),
+    below the ephemeral range.
 
     Why below it: a port picked from the ephemeral range can be taken by any outgoing
     connection (a ZooKeeper client, say) between the pick and the server's bind. Under
@@ -89,11 +99,11 @@ def free_port_block(count: int = 1) -> int:
         for _ in range(500):
             base = rng.randrange(lo, hi)
             block = range(base, base + count)
-            if not _HANDED_OUT.isdisjoint(block) or not all(_bindable(p) for p in block):
+            if not _HANDED_OUT.isdisjoint(block) or not all(_bindable(p, address) for p in block):
                 continue
             _HANDED_OUT.update(block)
             return base
-    raise RuntimeError("no block of free loopback ports")
+    raise RuntimeError(f"no block of {count} free ports on {address}")
 
 
 class LocalBookie:
@@ -101,22 +111,24 @@ class LocalBookie:
 
     With a `pki`, the bookie gets a certificate naming its own bookie id (its port is chosen
     here, before it starts) and `tls = "require"` against that CA; `extra` may override any of it.
+    `address` is what it binds and advertises, and its bookie id's host.
     """
 
     def __init__(self, directory: Path, metadata_uri: str, *, index: int, shards: int,
                  journal_sync: str, extra: dict[str, Any] | None = None, pki: TestPKI | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, address: str = _LOOPBACK) -> None:
         self.dir = directory
+        self.address = address
         self.env = dict(env or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         self.index = index
-        self.port = free_port_block(shards)
+        self.port = free_port_block(shards, address=address)
         trust: dict[str, Any] = {}
         if pki is not None:
-            cert, key = pki.bookie(str((extra or {}).get("bookie_id") or f"127.0.0.1:{self.port}"))
+            cert, key = pki.bookie(str((extra or {}).get("bookie_id") or f"{address}:{self.port}"))
             trust = {"tls": "require", "tls_cert_file": cert, "tls_key_file": key, "tls_ca_file": pki.ca_file}
         self.conf = {
-            "metadata_uri": metadata_uri, "bind_address": "127.0.0.1", "advertised_address": "127.0.0.1",
+            "metadata_uri": metadata_uri, "bind_address": address, "advertised_address": address,
             "port": self.port, "shards": shards, "journal_dir": str(self.dir / "journal"),
             "ledger_dirs": [str(self.dir / "ledgers")], "journal_sync": journal_sync,
             "zk_session_timeout_ms": 4000,
@@ -128,11 +140,11 @@ class LocalBookie:
 
     @property
     def bookie_id(self) -> str:
-        return self.conf.get("bookie_id") or f"127.0.0.1:{self.port}"
+        return self.conf.get("bookie_id") or f"{self.address}:{self.port}"
 
     @property
     def http_port(self) -> int:
-        """The admin HTTP port (`/metrics`, `/api/v1/...`) on 127.0.0.1; 0 when it has none."""
+        """The admin HTTP port (`/metrics`, `/api/v1/...`) on `address`; 0 when it has none."""
         return int(self.conf.get("http_port", 0))
 
     @property
@@ -251,9 +263,9 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def choose_zk_port(*, zk_port: int | None, prefer_zk_port: int | None) -> int:
+def choose_zk_port(*, zk_port: int | None, prefer_zk_port: int | None, address: str = _LOOPBACK) -> int:
     """ZooKeeper's port: `zk_port` if given (taken or not: starting then says it is taken),
-    else `prefer_zk_port` if it can be bound now, else a free one (0 or None: not given).
+    else `prefer_zk_port` if it can be bound on `address` now, else a free one (0 or None: not given).
 
     Why a preference: the sandbox takes ZooKeeper's usual 2181 when it can, so programs
     written for the default URI reach it unchanged; a second sandbox (or a ZooKeeper of the
@@ -263,13 +275,14 @@ def choose_zk_port(*, zk_port: int | None, prefer_zk_port: int | None) -> int:
         raise ValueError("give zk_port (this port) or prefer_zk_port (this port if free), not both")
     if zk_port:
         return zk_port
-    if prefer_zk_port and not port_in_use(prefer_zk_port):
+    if prefer_zk_port and not port_in_use(prefer_zk_port, address):
         return prefer_zk_port
-    return free_port_block()
+    return free_port_block(address=address)
 
 
 class LocalCluster:
-    """ZooKeeper + N bookies on 127.0.0.1 under one directory.
+    """ZooKeeper + N bookies on 127.0.0.1 (or `address`: each binds and advertises it, and
+    `metadata_uri` names it) under one directory.
 
     The defaults suit tests: ports picked at random, every bookie in one rack, no admin HTTP.
     `bk sandbox` asks for more, so a newcomer sees the whole operator surface:
@@ -293,12 +306,15 @@ class LocalCluster:
                  journal_sync: str = "io_uring", zk_port: int | None = None, prefer_zk_port: int | None = None,
                  http_ports: bool = False, racks: bool = False,
                  bookie_conf: dict[str, Any] | None = None, pki: TestPKI | None = None,
-                 bookie_trust: dict[str, Any] | None = None, bookie_env: dict[str, str] | None = None) -> None:
+                 bookie_trust: dict[str, Any] | None = None, bookie_env: dict[str, str] | None = None,
+                 address: str = _LOOPBACK) -> None:
         self.dir = Path(directory)
+        self.address = address
         self.bookie_env = dict(bookie_env or {})
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.zk = ZooKeeperServer(self.dir / "zookeeper",
-                                  port=choose_zk_port(zk_port=zk_port, prefer_zk_port=prefer_zk_port))
+        self.zk = ZooKeeperServer(self.dir / "zookeeper", address=address,
+                                  port=choose_zk_port(zk_port=zk_port, prefer_zk_port=prefer_zk_port,
+                                                      address=address))
         self.shards = shards
         self.journal_sync = journal_sync
         self.http_ports = http_ports
@@ -335,11 +351,12 @@ class LocalCluster:
         index = len(self.bookies)
         options: dict[str, Any] = {}
         if self.http_ports:
-            options["http_port"] = free_port_block()
+            options["http_port"] = free_port_block(address=self.address)
         if self.racks:
             options["rack"] = f"/rack-{index + 1}"
         b = LocalBookie(self.dir / f"bookie-{index}", self.metadata_uri, index=index, shards=self.shards,
                         journal_sync=self.journal_sync, pki=self.pki, env={**self.bookie_env, **(env or {})},
+                        address=self.address,
                         extra={**options, **self.bookie_trust, **self.bookie_conf, **conf})
         self.bookies.append(b)
         b.start()
@@ -473,7 +490,7 @@ class LocalCluster:
         for i in range(self.shards):
             while True:
                 try:
-                    with socket.create_connection(("127.0.0.1", bookie.port + i), timeout=0.5):
+                    with socket.create_connection((bookie.address, bookie.port + i), timeout=0.5):
                         break
                 except OSError:
                     if time.monotonic() > deadline:

@@ -18,8 +18,10 @@ from Python.
   stdout/stderr log ``zookeeper.log`` and the ``data/`` snapshot and
   transaction-log directory) lives under the caller's ``data_dir``, so servers
   never share state and a failing test leaves its evidence in one place.
-* The server binds only to 127.0.0.1 and the embedded Jetty admin server is
-  disabled, so nothing is exposed beyond loopback and no second port is taken.
+* The server binds only to its ``address``: 127.0.0.1 unless the caller names
+  another (a test host's address, so clients on other hosts reach it), and the
+  embedded Jetty admin server is disabled, so nothing is exposed beyond that
+  one address and no second port is taken.
 * Readiness is judged by the four-letter ``srvr`` command (whitelisted in
   ``zoo.cfg``), which only reports a ``Mode:`` once the server is actually
   serving requests - an open TCP port alone is not enough.
@@ -38,6 +40,7 @@ dependency is installed.
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import os
 import re
 import shutil
@@ -95,15 +98,15 @@ class ZooKeeperUnavailable(RuntimeError):
     """
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now.
+def free_port(address: str = _LOOPBACK) -> int:
+    """Return a TCP port on ``address`` (127.0.0.1 by default) that is free right now.
 
     The kernel picks it (bind to port 0), which avoids collisions between
     parallel test runs. There is an unavoidable window before the caller
     binds it; ``ZooKeeperServer.start`` reports a clear error if it was lost.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_LOOPBACK, 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -195,8 +198,8 @@ def find_java() -> str:
     )
 
 
-def port_in_use(port: int) -> bool:
-    """True if 127.0.0.1:port cannot be bound the way the JVM will bind it.
+def port_in_use(port: int, address: str = _LOOPBACK) -> bool:
+    """True if address:port (127.0.0.1 by default) cannot be bound the way the JVM will bind it.
 
     Java sets SO_REUSEADDR on server sockets on Linux, so we do too: a port
     with only TIME_WAIT leftovers is usable, a listening one is not.
@@ -204,7 +207,7 @@ def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((_LOOPBACK, port))
+            s.bind((address, port))
         except OSError:
             return True
     return False
@@ -261,8 +264,17 @@ def _prop_escape(value: str) -> str:
     return value.replace("\\", "\\\\")
 
 
+def _ipv4(address: str) -> str:
+    """``address`` if it is one IPv4 address (the JVM runs with preferIPv4Stack), else a ValueError naming it."""
+    try:
+        return str(ipaddress.IPv4Address(address))
+    except ValueError:
+        raise ValueError(f"address must be one IPv4 address such as 127.0.0.1, got {address!r}") from None
+
+
 class ZooKeeperServer:
-    """A real standalone ZooKeeper from Debian's `zookeeper` package, on 127.0.0.1, for tests and the sandbox.
+    """A real standalone ZooKeeper from Debian's `zookeeper` package, on 127.0.0.1 (or the
+    ``address`` given), for tests and the sandbox.
 
     The port is fixed at construction (a free one if not given) so that the
     connect string is known before ``start`` and stays the same across a
@@ -288,6 +300,7 @@ class ZooKeeperServer:
         tls_cert_file: str | os.PathLike[str] | None = None,
         tls_ca_file: str | os.PathLike[str] | None = None,
         tls_client_auth: bool = False,
+        address: str = _LOOPBACK,
     ) -> None:
         """Prepare (but do not start) a server rooted at ``data_dir``.
 
@@ -300,6 +313,10 @@ class ZooKeeperServer:
         certificates, required with ``tls_client_auth``. The plain port stays
         open for the harness's four-letter readiness checks, and
         ``metadata_uri`` names the secure one.
+
+        ``address`` is the one IPv4 address the server binds and every connect
+        string and URI names: a test host's address lets clients on other hosts
+        reach it (the free ports are checked on that address).
         """
         if tick_ms <= 0:
             raise ValueError(f"tick_ms must be positive, got {tick_ms}")
@@ -309,12 +326,13 @@ class ZooKeeperServer:
             raise ValueError("tls_client_auth needs tls_cert_file and tls_ca_file")
         if tls_ca_file and not tls_cert_file:
             raise ValueError("tls_ca_file without tls_cert_file: the server has no certificate for its TLS port")
+        self._address = _ipv4(address)
         self._data_dir = Path(os.path.abspath(os.fspath(data_dir)))
-        self._port = port if port is not None else free_port()
+        self._port = port if port is not None else free_port(self._address)
         self._tls_cert_file = os.path.abspath(os.fspath(tls_cert_file)) if tls_cert_file else None
         self._tls_ca_file = os.path.abspath(os.fspath(tls_ca_file)) if tls_ca_file else None
         self._tls_client_auth = tls_client_auth
-        self._secure_port = free_port() if tls_cert_file else None
+        self._secure_port = free_port(self._address) if tls_cert_file else None
         self._tick_ms = tick_ms
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()
@@ -323,13 +341,18 @@ class ZooKeeperServer:
 
     # ------------------------------------------------------------------ props
     @property
+    def address(self) -> str:
+        """The address the server binds and its connect string names (127.0.0.1 by default)."""
+        return self._address
+
+    @property
     def port(self) -> int:
-        """Client port on 127.0.0.1."""
+        """Client port on ``address``."""
         return self._port
 
     @property
     def secure_port(self) -> int | None:
-        """The TLS client port on 127.0.0.1, or None when the server was made without a certificate."""
+        """The TLS client port on ``address``, or None when the server was made without a certificate."""
         return self._secure_port
 
     @property
@@ -343,7 +366,7 @@ class ZooKeeperServer:
     @property
     def connect_string(self) -> str:
         """ZooKeeper client connect string, e.g. ``127.0.0.1:2181``."""
-        return f"{_LOOPBACK}:{self._port}"
+        return f"{self._address}:{self._port}"
 
     @property
     def data_dir(self) -> Path:
@@ -369,10 +392,10 @@ class ZooKeeperServer:
         if tls is None:
             tls = self._secure_port is not None
         if not tls:
-            return f"zk://{_LOOPBACK}:{self._port}{root}"
+            return f"zk://{self._address}:{self._port}{root}"
         if self._secure_port is None:
             raise ValueError("this ZooKeeperServer has no TLS port (make it with tls_cert_file)")
-        return f"zk+tls://{_LOOPBACK}:{self._secure_port}{root}"
+        return f"zk+tls://{self._address}:{self._secure_port}{root}"
 
     def is_running(self) -> bool:
         """True while the JVM process is alive (not necessarily serving)."""
@@ -389,11 +412,11 @@ class ZooKeeperServer:
                 f"tickTime={self._tick_ms}",
                 f"dataDir={_prop_escape(str(data))}",
                 f"clientPort={self._port}",
-                f"clientPortAddress={_LOOPBACK}",
+                f"clientPortAddress={self._address}",
                 f"minSessionTimeout={2 * self._tick_ms}",
                 f"maxSessionTimeout={max(self.MAX_SESSION_TIMEOUT_MS, 20 * self._tick_ms)}",
-                # All clients come from 127.0.0.1; the default cap of 60
-                # per IP would bite tests that open many sessions.
+                # All clients come from one or a few addresses; the default
+                # cap of 60 per IP would bite tests that open many sessions.
                 "maxClientCnxns=0",
                 "admin.enableServer=false",
                 "4lw.commands.whitelist=*",
@@ -415,7 +438,7 @@ class ZooKeeperServer:
             return []
         lines = [
             f"secureClientPort={self._secure_port}",
-            f"secureClientPortAddress={_LOOPBACK}",
+            f"secureClientPortAddress={self._address}",
             "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
             f"ssl.keyStore.location={_prop_escape(str(self._tls_cert_file))}",
             "ssl.keyStore.type=PEM",
@@ -474,7 +497,7 @@ class ZooKeeperServer:
     def _serving(self) -> bool:
         """True once ``srvr`` reports a mode, i.e. the server serves requests."""
         try:
-            reply = four_letter_word(_LOOPBACK, self._port, "srvr", timeout_s=1.0)
+            reply = four_letter_word(self._address, self._port, "srvr", timeout_s=1.0)
         except OSError:
             return False
         return "Mode:" in reply
@@ -493,9 +516,9 @@ class ZooKeeperServer:
                         f"ZooKeeper on {self.connect_string} is already running (pid {self._proc.pid})"
                     )
                 self._proc = None
-            if port_in_use(self._port):
+            if port_in_use(self._port, self._address):
                 raise RuntimeError(
-                    f"cannot start ZooKeeper: port {self._port} on {_LOOPBACK} is already in use"
+                    f"cannot start ZooKeeper: port {self._port} on {self._address} is already in use"
                 )
 
             self._data_dir.mkdir(parents=True, exist_ok=True)
@@ -530,7 +553,7 @@ class ZooKeeperServer:
                     self._forget()
                     tail = self._log_tail(log_offset)
                     reason = (
-                        f"port {self._port} on {_LOOPBACK} is already in use"
+                        f"port {self._port} on {self._address} is already in use"
                         if "BindException" in tail or "Address already in use" in tail
                         else f"exit code {rc}"
                     )
@@ -606,7 +629,7 @@ class ZooKeeperServer:
         (and expires if that takes longer than its timeout): this is how a test
         tells a resumed session from one that only has not expired yet.
         """
-        reply = four_letter_word(_LOOPBACK, self._port, "cons")
+        reply = four_letter_word(self._address, self._port, "cons")
         return {int(m, 16) for m in re.findall(r"sid=0x([0-9a-f]+)", reply)}
 
     def __enter__(self) -> "ZooKeeperServer":
