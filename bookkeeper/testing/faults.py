@@ -178,10 +178,7 @@ async def _fault(cluster: LocalCluster, f: Fault, start: float, lh: WriteHandle,
     target = "zookeeper"
     try:
         if f.kind == "zk_restart":
-            await _blocking(cluster.restart_zookeeper, f.hold_s)
-            # Sessions came back with the server: wait until each bookie resumed its own (or, if
-            # it expired meanwhile, registered again under a new one).
-            await _blocking(cluster.wait_sessions_live)
+            await zookeeper_restart(cluster, f.hold_s)
             return
         b = _target(cluster, lh, f.slot, busy)
         target = b.bookie_id
@@ -192,31 +189,49 @@ async def _fault(cluster: LocalCluster, f: Fault, start: float, lh: WriteHandle,
 
 async def _bookie_fault(cluster: LocalCluster, f: Fault, b: LocalBookie) -> None:
     """Hurt one bookie as f says, undo it, and wait until it is registered again."""
-    if f.kind == "kill":
+    expired = await inject_bookie_fault(cluster, f.kind, b)
+    await asyncio.sleep(f.hold_s)
+    await heal_bookie_fault(cluster, f.kind, b, expired)
+
+
+async def inject_bookie_fault(cluster: LocalCluster, kind: str, b: LocalBookie) -> dict[str, int]:
+    """The first half of a bookie fault (kill -9, graceful stop, SIGSTOP, or SIGSTOP held past
+    its session: a session expiry); returns what heal_bookie_fault needs (the session a
+    session expiry must see replaced). Public: `bk verify local` runs the same faults."""
+    if kind == "kill":
         await _blocking(b.kill)
-        await asyncio.sleep(f.hold_s)
-        await _blocking(b.start)
-    elif f.kind == "restart":
+    elif kind == "restart":
         await _blocking(b.stop)
-        await asyncio.sleep(f.hold_s)
-        await _blocking(b.start)
-    elif f.kind == "hang":
+    elif kind == "hang":
         b.hang()
-        await asyncio.sleep(f.hold_s)
-        b.resume()
-    elif f.kind == "session_expiry":
+    elif kind == "session_expiry":
         session = await _blocking(cluster.registration_sessions)
         b.hang()
-        await asyncio.sleep(f.hold_s)
+        return {b.bookie_id: session.get(b.bookie_id, 0)}
+    else:
+        raise ValueError(f"unknown fault kind {kind!r}")
+    return {}
+
+
+async def heal_bookie_fault(cluster: LocalCluster, kind: str, b: LocalBookie, expired: dict[str, int]) -> None:
+    """Undo inject_bookie_fault and wait until the bookie is registered again."""
+    if kind in ("kill", "restart"):
+        await _blocking(b.start)
+    else:
         b.resume()
+    if kind == "session_expiry":
         # The old session must be gone and the bookie registered again under a new one: a
         # supervisor that misses its session loss stays unregistered and fails here.
-        expired = {b.bookie_id: session.get(b.bookie_id, 0)}
         await _blocking(functools.partial(cluster.wait_sessions_live, [b], expired=expired))
         return
-    else:
-        raise ValueError(f"unknown fault kind {f.kind!r}")
     await _blocking(cluster.wait_registered, [b])
+
+
+async def zookeeper_restart(cluster: LocalCluster, down_s: float) -> None:
+    """Stop ZooKeeper, start it again after down_s, and wait until every bookie holds a live
+    session again (resumed, or registered anew if it expired meanwhile)."""
+    await _blocking(cluster.restart_zookeeper, down_s)
+    await _blocking(cluster.wait_sessions_live)
 
 
 async def _inject(cluster: LocalCluster, plan: list[Fault], t0: float, lh: WriteHandle,

@@ -1,0 +1,323 @@
+"""The checker: a pure function from a history's records to a VerifyReport.
+
+Why pure and after the fact: the workload cannot know, while it runs, which of its
+acknowledged entries a later recovery will keep; only the whole history can say. No I/O, no
+clock: a table of small hand-written histories tests every anomaly (tests/test_verify_checker.py),
+and `bk verify check FILE` re-judges a run offline with the same code.
+
+What it reports (docs/operations.md, "Checking a cluster"):
+
+| kind | when |
+|---|---|
+| `lost` | an add (or stream append) was acknowledged, and the final read-back after recovery did not return it; `detail` says whether the hole is at the ledger's start, middle or end |
+| `unexpected` | a read returned content no writer ever sent for that entry (or txid) |
+| `divergent` | two reads returned different contents for one entry; two ends for one ledger; a read of an entry past the ledger's recovered end |
+| `ack_past_end` | an add was acknowledged after a close or recovery had fixed the ledger's end below it (fencing failed) |
+| `lac_regression` | one reader saw a ledger's LAC go back |
+| `stream_duplicate` | one stream reader met a txid twice |
+| `stream_order` | one stream reader met a txid lower than one before it |
+
+Besides: `writer_errors` (failures a writer saw other than the fencing a takeover causes:
+distinct (proc, ledger, error) incidents), `longest_stall_s` (the longest time a writer had an
+add outstanding and no add completed), `fault_errors` (fault steps whose command failed).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ANOMALY_KINDS = ("lost", "unexpected", "divergent", "ack_past_end", "lac_regression", "stream_duplicate",
+                 "stream_order")
+WRITES = ("add", "append")  # the writes whose completions bound a writer's stall
+TAKEOVER_PROC = "takeover"
+FINAL_PROC = "final"
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    kind: str
+    ledger_id: int | None
+    entry_id: int | None
+    detail: str
+    line: int  # 1-based line of the history record that shows it
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """A checked run: what `bk verify` prints and `--json` dumps."""
+
+    ops: int = 0                     # invocations
+    acked: int = 0                   # acknowledged adds and stream appends
+    anomalies: list[Anomaly] = field(default_factory=list)
+    longest_stall_s: float = 0.0
+    writer_errors: int = 0
+    writer_error_samples: list[str] = field(default_factory=list)
+    ledgers: int = 0
+    takeovers: int = 0
+    stream_records: int = 0          # acknowledged stream appends
+    faults: int = 0                  # fault steps injected
+    fault_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0             # the run's length (0 for an offline check)
+    check_seconds: float = 0.0
+    history: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.anomalies
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for a in self.anomalies:
+            out[a.kind] += 1
+        return dict(out)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["longest_stall_s"] = round(self.longest_stall_s, 3)
+        out["anomaly_counts"] = self.counts()
+        return out
+
+
+def _where(entry_id: int, read_ids: set[int] | None) -> str:
+    """start, middle or end: where an unreadable entry sits among the ones read back."""
+    if not read_ids:
+        return "end" if entry_id > 0 else "start"
+    if entry_id > max(read_ids):
+        return "end"
+    return "start" if entry_id < min(read_ids) else "middle"
+
+
+class _Checker:
+    """One pass over the records, then the end-of-history checks (finish)."""
+
+    MAX_SAMPLES = 10
+
+    def __init__(self) -> None:
+        self.r = VerifyReport()
+        self.sent: dict[tuple[int, int], str] = {}             # (ledger, entry) -> digest invoked
+        self.acked: dict[int, dict[int, int]] = defaultdict(dict)  # ledger -> entry -> line of the ack
+        self.read: dict[tuple[int, int], tuple[str, int]] = {}  # (ledger, entry) -> (digest, line) first read
+        self.final_read: dict[int, set[int]] = defaultdict(set)
+        self.max_read: dict[int, tuple[int, int]] = {}           # ledger -> (highest entry read, line)
+        self.ends: dict[int, tuple[int, int]] = {}              # ledger -> (end, line) first fixed
+        self.final_failed: dict[int, str] = {}
+        self.lacs: dict[tuple[str, int], int] = {}
+        self.takeover_ledgers: set[int] = set()
+        self.errors: set[tuple[str, Any, str]] = set()
+        self.ledgers: set[int] = set()
+        self.outstanding: dict[str, int] = defaultdict(int)
+        self.since: dict[str, float] = {}
+        self.appended: dict[int, str] = {}
+        self.appends_acked: dict[int, int] = {}
+        self.stream_seen: dict[str, set[int]] = defaultdict(set)
+        self.stream_last: dict[str, int] = {}
+        self.final_txids: set[int] = set()
+        self.final_stream_read = False
+        self.line = 0
+
+    def anomaly(self, kind: str, ledger_id: int | None, entry_id: int | None, detail: str,
+                line: int | None = None) -> None:
+        self.r.anomalies.append(Anomaly(kind, ledger_id, entry_id, detail, self.line if line is None else line))
+
+    # -- per record ------------------------------------------------------------------
+    def feed(self, rec: dict[str, Any]) -> None:
+        self.line += 1
+        typ, f = rec["type"], rec["f"]
+        if typ == "invoke":
+            self.r.ops += 1
+            self.invoke(rec, f)
+            return
+        if f in WRITES:
+            self.write_done(rec)
+        handler = self.HANDLERS.get((f, typ))
+        if handler is not None:
+            handler(self, rec)
+        elif typ == "fail":
+            self.failed(rec, f)
+
+    def invoke(self, rec: dict[str, Any], f: str) -> None:
+        if f == "add":
+            self.sent[rec["ledger_id"], rec["entry_id"]] = rec["value"]
+            proc = rec["proc"]
+            if self.outstanding[proc] == 0:
+                self.since[proc] = rec["t"]
+            self.outstanding[proc] += 1
+        elif f == "append":
+            self.appended[rec["txid"]] = rec["value"]
+            proc = rec["proc"]
+            if self.outstanding[proc] == 0:
+                self.since[proc] = rec["t"]
+            self.outstanding[proc] += 1
+        elif f == "recover" and rec["proc"] == TAKEOVER_PROC:
+            self.takeover_ledgers.add(rec["ledger_id"])
+            self.r.takeovers += 1
+        elif f == "stream_read" and rec["proc"] == FINAL_PROC:
+            self.final_stream_read = True
+        elif f == "fault" and rec.get("phase") == "inject":
+            self.r.faults += 1
+
+    def write_done(self, rec: dict[str, Any]) -> None:
+        """A write completed: the writer's stall, if it had one, ends here."""
+        proc = rec["proc"]
+        if self.outstanding[proc] <= 0:
+            return
+        t = rec["t"]
+        self.r.longest_stall_s = max(self.r.longest_stall_s, t - self.since[proc])
+        self.outstanding[proc] -= 1
+        self.since[proc] = t
+
+    def add_ok(self, rec: dict[str, Any]) -> None:
+        ledger, entry = rec["ledger_id"], rec["entry_id"]
+        self.r.acked += 1
+        self.acked[ledger][entry] = self.line
+        end = self.ends.get(ledger)
+        if end is not None and entry > end[0]:
+            self.anomaly("ack_past_end", ledger, entry,
+                         f"acknowledged after the ledger's end was fixed at {end[0]} (line {end[1]})")
+
+    def create_ok(self, rec: dict[str, Any]) -> None:
+        self.ledgers.add(rec["ledger_id"])
+
+    def end_fixed(self, rec: dict[str, Any]) -> None:
+        ledger, end = rec["ledger_id"], rec["end"]
+        self.ledgers.add(ledger)
+        first = self.ends.get(ledger)
+        if first is None:
+            self.ends[ledger] = (end, self.line)
+        elif first[0] != end:
+            self.anomaly("divergent", ledger, None,
+                         f"ledger ended at {end} by {rec['proc']} {rec['f']}, at {first[0]} before (line {first[1]})")
+
+    def read_ok(self, rec: dict[str, Any]) -> None:
+        ledger, first = rec["ledger_id"], rec["entry_id"]
+        values = rec.get("values")
+        if values is None:
+            values = [rec["value"]]
+        final = rec["proc"] == FINAL_PROC
+        for entry, value in enumerate(values, first):
+            self.one_read(ledger, entry, value)
+            if final:
+                self.final_read[ledger].add(entry)
+        if values:
+            last = first + len(values) - 1
+            if last > self.max_read.get(ledger, (-1, 0))[0]:
+                self.max_read[ledger] = (last, self.line)
+
+    def one_read(self, ledger: int, entry: int, value: str) -> None:
+        key = (ledger, entry)
+        sent = self.sent.get(key)
+        if sent != value:
+            self.anomaly("unexpected", ledger, entry,
+                         f"read {value}, " + (f"sent {sent}" if sent is not None else "never sent"))
+        seen = self.read.get(key)
+        if seen is None:
+            self.read[key] = (value, self.line)
+        elif seen[0] != value:
+            self.anomaly("divergent", ledger, entry, f"read {value}, and {seen[0]} before (line {seen[1]})")
+
+    def lac_ok(self, rec: dict[str, Any]) -> None:
+        key = (rec["proc"], rec["ledger_id"])
+        lac = rec["value"]
+        before = self.lacs.get(key)
+        if before is not None and lac < before:
+            self.anomaly("lac_regression", rec["ledger_id"], lac, f"{rec['proc']} saw the LAC go from {before} to {lac}")
+        else:
+            self.lacs[key] = lac
+
+    def recover_fail(self, rec: dict[str, Any]) -> None:
+        if rec["proc"] == FINAL_PROC:
+            self.final_failed[rec["ledger_id"]] = rec.get("error", "failed")
+        else:
+            self.failed(rec, "recover")
+
+    def read_fail(self, rec: dict[str, Any]) -> None:
+        if rec["proc"] == FINAL_PROC:
+            self.final_failed[rec["ledger_id"]] = rec.get("error", "failed")
+
+    def append_ok(self, rec: dict[str, Any]) -> None:
+        self.r.acked += 1
+        self.r.stream_records += 1
+        self.appends_acked[rec["txid"]] = self.line
+
+    def stream_read_ok(self, rec: dict[str, Any]) -> None:
+        proc, txid, value = rec["proc"], rec["txid"], rec["value"]
+        sent = self.appended.get(txid)
+        if sent != value:
+            self.anomaly("unexpected", None, None, f"stream {rec.get('stream')} txid {txid} at {rec.get('position')}: "
+                         f"read {value}, " + (f"sent {sent}" if sent is not None else "never sent"))
+        if proc == FINAL_PROC:
+            self.final_txids.add(txid)
+        seen = self.stream_seen[proc]
+        last = self.stream_last.get(proc)
+        if txid in seen:
+            self.anomaly("stream_duplicate", None, None, f"{proc} read txid {txid} again at {rec.get('position')}")
+        elif last is not None and txid < last:
+            self.anomaly("stream_order", None, None, f"{proc} read txid {txid} after txid {last} at {rec.get('position')}")
+        seen.add(txid)
+        self.stream_last[proc] = max(txid, last if last is not None else txid)
+
+    def fault_fail(self, rec: dict[str, Any]) -> None:
+        self.r.fault_errors.append(f"step {rec.get('step')} {rec.get('kind')} {rec.get('phase')}: "
+                                   f"{rec.get('error', 'failed')}")
+
+    def failed(self, rec: dict[str, Any], f: str) -> None:
+        """A writer's failure: expected when its ledger was taken over, else a writer error."""
+        if f not in ("add", "create", "close", "append") or rec["proc"] == FINAL_PROC:
+            return
+        if rec.get("retry") or rec.get("ledger_id") in self.takeover_ledgers:
+            return  # the writer tried again (a retriable error), or its ledger was taken over
+        incident = (rec["proc"], rec.get("ledger_id"), str(rec.get("error", "")).split(":")[0])
+        if incident not in self.errors:
+            self.errors.add(incident)
+            self.r.writer_errors += 1
+            if len(self.r.writer_error_samples) < self.MAX_SAMPLES:
+                self.r.writer_error_samples.append(f"line {self.line}: {rec['proc']} {f} "
+                                                   f"ledger {rec.get('ledger_id')}: {rec.get('error')}")
+
+    HANDLERS = {("add", "ok"): add_ok, ("create", "ok"): create_ok, ("close", "ok"): end_fixed,
+                ("recover", "ok"): end_fixed, ("read", "ok"): read_ok, ("lac", "ok"): lac_ok,
+                ("recover", "fail"): recover_fail, ("read", "fail"): read_fail, ("append", "ok"): append_ok,
+                ("stream_read", "ok"): stream_read_ok, ("fault", "fail"): fault_fail}
+
+    # -- at the end ------------------------------------------------------------------
+    def finish(self) -> VerifyReport:
+        for ledger, acked in self.acked.items():
+            self.lost_in(ledger, acked)
+        for ledger, (last, line) in self.max_read.items():
+            end = self.ends.get(ledger)
+            if end is not None and last > end[0]:
+                self.anomaly("divergent", ledger, last, f"read, past the ledger's recovered end {end[0]}", line)
+        if self.final_stream_read:
+            for txid, line in self.appends_acked.items():
+                if txid not in self.final_txids:
+                    self.anomaly("lost", None, None, f"stream txid {txid}: acknowledged, not read back", line)
+        self.r.ledgers = len(self.ledgers)
+        self.r.anomalies.sort(key=lambda a: a.line)
+        return self.r
+
+    def lost_in(self, ledger: int, acked: dict[int, int]) -> None:
+        read_ids = self.final_read.get(ledger)
+        end = self.ends.get(ledger)
+        why = self.final_failed.get(ledger)
+        for entry, line in sorted(acked.items()):
+            if read_ids is not None and entry in read_ids:
+                continue
+            where = _where(entry, read_ids)
+            if end is not None and entry > end[0]:
+                detail = f"{where}: acknowledged, past the recovered end {end[0]}"
+            elif why is not None:
+                detail = f"{where}: acknowledged, not read back ({why})"
+            else:
+                detail = f"{where}: acknowledged, not read back after recovery"
+            self.anomaly("lost", ledger, entry, detail, line)
+
+
+def check_history(records: Iterable[dict[str, Any]]) -> VerifyReport:
+    """Check a history (records in file order) and return what it shows."""
+    checker = _Checker()
+    feed = checker.feed
+    for rec in records:
+        feed(rec)
+    return checker.finish()
