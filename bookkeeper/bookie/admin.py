@@ -80,6 +80,12 @@ class BookieCollector:
         restarts = GaugeMetricFamily(PREFIX + "bookie_shard_restarts", "shard restarts since start")
         restarts.add_metric([], sup.restarts)
         yield restarts
+        if sup.test_switches:  # only a test's bookie: it breaks a guarantee on purpose (testing_switches.py)
+            switches = GaugeMetricFamily(PREFIX + "test_switch", "1 for each test-only switch this bookie runs "
+                                         "with (BK_TEST_SWITCHES); absent in a real bookie", labels=["name"])
+            for name in sorted(sup.test_switches):
+                switches.add_metric([name], 1)
+            yield switches
         ro = GaugeMetricFamily(PREFIX + "bookie_readonly", "1 if the bookie is registered read-only")
         ro.add_metric([], int(sup.state == READONLY))
         yield ro

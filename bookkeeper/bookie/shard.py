@@ -32,6 +32,7 @@ from bookkeeper.bookie import control
 from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
 from bookkeeper.bookie.journal import Journal, make_syncer
 from bookkeeper.bookie.journal.journal import Record, journal_pool_bytes, pool_files
+from bookkeeper.bookie.journal.syncer import AckBeforeSyncSyncer, Syncer
 from bookkeeper.bookie.server import BookieProtocol, PeerBounds, ShardServer
 from bookkeeper.bookie.state import disk_usage, journal_space
 from bookkeeper.bookie.storage import LedgerStorage
@@ -41,6 +42,7 @@ from bookkeeper.config import BookieConfig
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 from bookkeeper.proto import Op, entry_header
+from bookkeeper.testing_switches import ACK_BEFORE_SYNC, ACK_BEFORE_SYNC_HOLD_S, switches_from_env, warn_switches
 
 log = logging.getLogger("bookkeeper.shard")
 
@@ -63,9 +65,14 @@ DISK_GUARD_S = 0.05  # while adds flow, a shard measures its disks at most this 
 
 
 class Shard:
-    """One shard's components and periodic work (checkpoint, garbage collection, compaction)."""
+    """One shard's components and periodic work (checkpoint, garbage collection, compaction).
 
-    def __init__(self, cfg: BookieConfig, index: int, *, supervisor_pid: int = 0) -> None:
+    `switches`: the test-only switches it was started with (bookkeeper/testing_switches.py);
+    empty in every real bookie.
+    """
+
+    def __init__(self, cfg: BookieConfig, index: int, *, supervisor_pid: int = 0,
+                 switches: frozenset[str] = frozenset()) -> None:
         self.cfg = cfg
         self.index = index
         self.supervisor_pid = supervisor_pid
@@ -81,7 +88,9 @@ class Shard:
                                                     max_long_polls_per_connection=cfg.max_long_polls_per_connection,
                                                     idle_timeout_s=cfg.idle_timeout_s),
                                   trust=shard_trust(cfg))
-        self.syncer = make_syncer(cfg.journal_sync, self.loop)
+        self.syncer: Syncer = make_syncer(cfg.journal_sync, self.loop)
+        if ACK_BEFORE_SYNC in switches:  # TEST ONLY: acknowledged adds are lost on kill -9
+            self.syncer = AckBeforeSyncSyncer(self.syncer, self.loop, ACK_BEFORE_SYNC_HOLD_S)
         self.journal = Journal(cfg.shard_journal_dir(index), syncer=self.syncer, loop=self.loop,
                                on_durable=self._on_durable, on_failed=self._on_journal_failed,
                                group_wait_us_max=cfg.journal_max_group_wait_us,
@@ -90,6 +99,7 @@ class Shard:
                                preallocate_bytes=cfg.journal_preallocate_bytes,
                                file_max_bytes=cfg.journal_file_max_bytes,
                                reuse_files=cfg.journal_reuse_files)
+        warn_switches(log, switches, f"shard {index}")
         self.server.journal = self.journal
         self.journal.observe_batch = self._observe_batch
         self._checkpointing: asyncio.Task[None] | None = None
@@ -466,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=0)
     args = parser.parse_args(argv)
     cfg = BookieConfig.from_dict(json.loads(sys.stdin.buffer.read()))  # not argv: it holds secrets
+    switches = switches_from_env()  # inherited from the supervisor, which refused unknown names already
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s shard-{args.index} %(levelname)s %(name)s: %(message)s")
     if args.parent_pid:
@@ -475,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_to_core(args.index)
 
     async def run() -> None:
-        await Shard(cfg, args.index, supervisor_pid=args.parent_pid).run()
+        await Shard(cfg, args.index, supervisor_pid=args.parent_pid, switches=switches).run()
 
     uvloop.run(run())
     return 0

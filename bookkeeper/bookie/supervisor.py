@@ -45,6 +45,7 @@ from bookkeeper.errors import BKError, CookieMismatchError, ZooKeeperUnreachable
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 from bookkeeper.procs import module_command
+from bookkeeper.testing_switches import switches_from_env, warn_switches
 
 log = logging.getLogger("bookkeeper.supervisor")
 COOKIE_FILE = "COOKIE"
@@ -199,6 +200,9 @@ class Supervisor:
         self.failed_shards: dict[int, str] = {}
         self._failed_since: dict[int, float] = {}
         self.autorecovery: Any = None
+        # Test-only switches (bookkeeper/testing_switches.py): an unknown name stops the bookie
+        # here, before it locks a directory or connects; the shards inherit the environment.
+        self.test_switches = switches_from_env()
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         """Start shard `index`; its configuration goes through its stdin, never its command line:
@@ -235,6 +239,7 @@ class Supervisor:
 
     def run(self) -> int:
         cfg = self.cfg
+        warn_switches(log, self.test_switches, f"bookie {cfg.id}")
         locks = lock_directories(cfg)
         self.store = connect_at_start(cfg)
         http = None

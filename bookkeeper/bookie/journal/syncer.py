@@ -12,18 +12,25 @@ with SIGILL on CPUs without AVX-512 (see pyproject.toml). A crash like that cann
 caught in-process, so the supervisor first runs one real write + fdatasync through
 io_uring in a child process (`probe_io_uring`) and, if the child fails or dies,
 starts its shards on the thread syncer, logging one line.
+
+Test only: AckBeforeSyncSyncer, the ack_before_sync switch (bookkeeper/testing_switches.py),
+wraps either and breaks the journal's promise on purpose; a shard uses it only when its
+environment names the switch.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import logging
 import os
 import signal
 import subprocess
 import tempfile
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from bookkeeper.procs import python_command
@@ -148,6 +155,75 @@ def make_syncer(kind: str, loop: asyncio.AbstractEventLoop) -> Syncer:
     except (ImportError, OSError) as e:
         log.warning("io_uring unavailable (%s): journal falls back to thread-based fdatasync", e)
         return ThreadSyncer(loop)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A block answered as durable, not yet handed to the real syncer."""
+
+    due: float  # loop time from which it may be written
+    fd: int  # a dup of the journal's fd: the journal may roll (close its own) meanwhile
+    inode: int
+    buf: bytes  # a copy: the journal reuses its block buffer once told the block is durable
+    offset: int
+
+
+class AckBeforeSyncSyncer:
+    """TEST ONLY, the ack_before_sync switch: says every block is durable on the next loop turn,
+    then writes it (through the real syncer) only hold_s later. A kill -9 meanwhile loses adds
+    the bookie acknowledged, for real: the proof that `bk verify` can see a loss.
+
+    Blocks are still written strictly in order, one write in flight, so a torn block can only
+    be the last one (replay's rule); the blocks due by then that follow on in the same file go
+    in that one write, so the device sees one write per due run, not one per block, and the
+    queue holds about hold_s of adds while the device keeps up.
+    """
+
+    def __init__(self, inner: Syncer, loop: asyncio.AbstractEventLoop, hold_s: float) -> None:
+        self.kind = f"{inner.kind}+ack_before_sync"
+        self._inner, self._loop, self._hold_s = inner, loop, hold_s
+        self._held: deque[_Held] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._writing = False
+
+    def submit(self, fd: int, buf: bytes | bytearray, offset: int, done: Done) -> None:
+        self._held.append(_Held(self._loop.time() + self._hold_s, os.dup(fd), os.fstat(fd).st_ino, bytes(buf),
+                                offset))
+        self._loop.call_soon(done, None)  # the lie: answered before a byte is written
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._held and not self._writing and self._timer is None:
+            self._timer = self._loop.call_at(self._held[0].due, self._write_due)
+
+    def _write_due(self) -> None:
+        self._timer = None
+        first = self._held.popleft()
+        parts, end, now = [first.buf], first.offset + len(first.buf), self._loop.time()
+        while self._held and self._held[0].due <= now and self._held[0].inode == first.inode \
+                and self._held[0].offset == end:
+            block = self._held.popleft()
+            os.close(block.fd)
+            parts.append(block.buf)
+            end += len(block.buf)
+        self._writing = True
+        self._inner.submit(first.fd, b"".join(parts), first.offset, functools.partial(self._written, first.fd))
+
+    def _written(self, fd: int, err: OSError | None) -> None:
+        os.close(fd)
+        self._writing = False
+        if err is not None:
+            log.error("journal write of blocks already acknowledged failed (ack_before_sync): %s", err)
+        self._schedule()
+
+    def close(self) -> None:
+        """Drop what is still held: a graceful stop has checkpointed it into the entry logs."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._held:
+            os.close(self._held.popleft().fd)
+        self._inner.close()
 
 
 def uring_self_test(directory: str) -> None:
