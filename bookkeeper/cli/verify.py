@@ -42,7 +42,9 @@ def print_report(report: VerifyReport, *, as_json: bool) -> int:
     t = cli_table("figure", "value", title="bk verify")
     rows = [("ops", report.ops), ("acknowledged", report.acked), ("ledgers", report.ledgers),
             ("takeovers", report.takeovers), ("stream records acknowledged", report.stream_records),
-            ("fault steps", report.faults), ("longest stall", f"{report.longest_stall_s:.2f} s"),
+            ("fault steps", report.faults), ("longest stall", f"{report.longest_stall_s:.2f} s"
+                                 + (f" ({report.longest_stall_proc} from {report.longest_stall_from_s:.1f} s)"
+                                    if report.longest_stall_proc else "")),
             ("writer errors", report.writer_errors), ("anomalies", len(report.anomalies)),
             ("run", f"{report.seconds:.1f} s"), ("check", f"{report.check_seconds:.2f} s")]
     if report.history:

@@ -230,7 +230,19 @@ async def heal_bookie_fault(cluster: LocalCluster, kind: str, b: LocalBookie, ex
 async def zookeeper_restart(cluster: LocalCluster, down_s: float) -> None:
     """Stop ZooKeeper, start it again after down_s, and wait until every bookie holds a live
     session again (resumed, or registered anew if it expired meanwhile)."""
-    await _blocking(cluster.restart_zookeeper, down_s)
+    await zookeeper_stop(cluster)
+    await asyncio.sleep(down_s)
+    await zookeeper_start(cluster)
+
+
+async def zookeeper_stop(cluster: LocalCluster) -> None:
+    """zookeeper_restart's first half (`bk verify local` holds the fault between the halves)."""
+    await _blocking(cluster.zk.stop)
+
+
+async def zookeeper_start(cluster: LocalCluster) -> None:
+    """zookeeper_restart's second half: started on the same port and data, sessions live again."""
+    await _blocking(cluster.zk.start)
     await _blocking(cluster.wait_sessions_live)
 
 

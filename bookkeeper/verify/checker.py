@@ -52,6 +52,8 @@ class VerifyReport:
     acked: int = 0                   # acknowledged adds and stream appends
     anomalies: list[Anomaly] = field(default_factory=list)
     longest_stall_s: float = 0.0
+    longest_stall_proc: str | None = None   # who stalled, and from when (seconds since the start)
+    longest_stall_from_s: float | None = None
     writer_errors: int = 0
     writer_error_samples: list[str] = field(default_factory=list)
     ledgers: int = 0
@@ -164,7 +166,9 @@ class _Checker:
         if self.outstanding[proc] <= 0:
             return
         t = rec["t"]
-        self.r.longest_stall_s = max(self.r.longest_stall_s, t - self.since[proc])
+        if t - self.since[proc] > self.r.longest_stall_s:
+            self.r.longest_stall_s = t - self.since[proc]
+            self.r.longest_stall_proc, self.r.longest_stall_from_s = proc, self.since[proc]
         self.outstanding[proc] -= 1
         self.since[proc] = t
 

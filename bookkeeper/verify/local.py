@@ -2,7 +2,7 @@
 hurt by the harness's own fault kinds on the seeded schedule.
 
 Why it reuses bookkeeper.testing.faults: the suite's fault harness and this command inject the
-same faults the same way (inject_bookie_fault / heal_bookie_fault / zookeeper_restart), so a
+same faults the same way (inject_bookie_fault / heal_bookie_fault, zookeeper_stop / zookeeper_start), so a
 fix to how a fault is made or awaited serves both. `ensemble_kill` is this module's own: every
 bookie of a live ledger's ensemble killed -9 at once and started again, the one fault that
 loses what a bookie acknowledged before its journal synced (the ack_before_sync test switch).
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
-from bookkeeper.testing.faults import heal_bookie_fault, inject_bookie_fault, zookeeper_restart
+from bookkeeper.testing.faults import heal_bookie_fault, inject_bookie_fault, zookeeper_start, zookeeper_stop
 from bookkeeper.verify.checker import VerifyReport
 from bookkeeper.verify.nemesis import FaultError, FaultStep, fault_schedule
 from bookkeeper.verify.workload import WorkloadOptions, WorkloadState, run_verify
@@ -28,6 +28,9 @@ DEFAULT_KINDS = (*BOOKIE_KINDS, "zk_restart")
 HOLD_S = {"kill": (0.5, 2.0), "hang": (0.5, SESSION_TIMEOUT_S * 0.6), "restart": (0.0, 1.0),
           "session_expiry": (SESSION_TIMEOUT_S + 1.0, SESSION_TIMEOUT_S + 1.5), "zk_restart": (0.2, 1.5),
           "ensemble_kill": (0.5, 1.5)}
+# Between steps: short, since each local step already takes seconds beyond its hold (a bookie's
+# start and registration, ZooKeeper's JVM start), and a short run should still see every kind.
+GAP_S = (1.0, 2.5)
 ACK_BEFORE_SYNC_ENV = {"BK_TEST_SWITCHES": "ack_before_sync"}
 
 
@@ -42,8 +45,7 @@ class LocalFaults:
 
     async def apply(self, step: FaultStep, phase: str) -> None:
         if step.kind == "zk_restart":
-            if phase == "inject":
-                await zookeeper_restart(self.cluster, step.hold_s)
+            await (zookeeper_stop if phase == "inject" else zookeeper_start)(self.cluster)
             return
         if phase == "inject":
             bookies = self._targets(step)
@@ -91,7 +93,7 @@ async def run_local(options: WorkloadOptions, *, bookies: int, directory: Path |
     try:
         cluster.start()
         state = WorkloadState()
-        steps = fault_schedule(options.seed, kinds, seconds=options.seconds, hold_s=HOLD_S)
+        steps = fault_schedule(options.seed, kinds, seconds=options.seconds, hold_s=HOLD_S, gap_s=GAP_S)
         report = await run_verify(cluster.metadata_uri, options, history_path=root / "history.jsonl",
                                   faults=LocalFaults(cluster, state), fault_steps=steps, state=state)
         if temp:

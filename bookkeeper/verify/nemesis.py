@@ -112,15 +112,19 @@ class CommandFaults:
 
 async def run_nemesis(history: History, steps: list[FaultStep], executor: FaultExecutor,
                       stopping: asyncio.Event) -> None:
-    """Run the steps at their offsets (from history's start) until done, `stopping` is set, or a
-    step fails. A step under way is always healed, also when the run stops meanwhile."""
+    """Run the steps at their offsets (from history's start; a step that starts late, after a
+    slow one, starts at once) until done, `stopping` is set, or a step fails. A step under way
+    runs whole, held and healed, also when the run stops meanwhile: a fault cut short is not
+    the fault planned (a session expiry needs its hold), and the read-back needs the cluster whole."""
     for step in steps:
+        if stopping.is_set():
+            return
         delay = step.at_s - history.elapsed_s
         if delay > 0 and await _stopped(stopping, delay):
             return
         ok = await _phase(history, executor, step, "inject")
         if ok:
-            await _stopped(stopping, step.hold_s)
+            await asyncio.sleep(step.hold_s)
         healed = await _phase(history, executor, step, "heal")
         if not (ok and healed):
             return
