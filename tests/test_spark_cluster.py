@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pyspark
 import pytest
@@ -110,9 +110,10 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait()
 
 
-def _announcement(proc: subprocess.Popen[Any], log: Path) -> dict[str, Any]:
-    stdout: IO[str] = proc.stdout  # type: ignore[assignment]
-    line = stdout.readline()
+def _announcement(proc: subprocess.Popen[str], log: Path) -> dict[str, Any]:
+    """The store role's one JSON line, printed once its cluster is up (EOF: it failed)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
     assert line, f"the store host's cluster did not start:\n{log.read_text(errors='replace')[-4000:]}"
     return dict(json.loads(line))
 
@@ -145,7 +146,8 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         finally:
             for daemon in daemons:
                 _stop(daemon)
-            store.stdin.close()  # type: ignore[union-attr]
+            if store.stdin is not None:
+                store.stdin.close()  # the store role stops its cluster at EOF
             try:
                 store.wait(60)
             except subprocess.TimeoutExpired:
