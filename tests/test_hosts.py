@@ -5,6 +5,7 @@ module skips (with the reason) only where ``namespaces_unavailable()`` says they
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -86,6 +87,29 @@ def test_each_host_sees_only_its_own_address_and_loopback(hosts: TestHosts) -> N
         assert "state UP" in links.splitlines()[1] or "LOWER_UP" in links.splitlines()[1]
 
 
+def test_hosts_know_their_names_and_each_other_by_name(hosts: TestHosts) -> None:
+    """hostname is the host's name; names resolve to the test addresses on every host."""
+    who_am_i = "import socket; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))"
+    for host in hosts:
+        assert host.run([sys.executable, "-c", who_am_i]).stdout.split() == [host.name, host.address]
+        for peer in hosts:
+            assert host.run(["getent", "hosts", peer.name]).stdout.split() == [peer.address, peer.name]
+    assert hosts["a"].run(hosts.ssh_argv("b", "hostname")).stdout == "b\n"
+
+
+def test_elsewhere_is_unreachable_and_nothing_leaves_the_run(hosts: TestHosts) -> None:
+    """The default route ends at the bridge's namespace: an outside address is unreachable."""
+    a = hosts["a"]
+    route = a.run(["ip", "route", "get", "192.0.2.1"]).stdout
+    assert f"via {hosts.gateway} dev eth0 src {a.address}" in route
+    assert _connect(a, "192.0.2.1", 10.0) == "ENETUNREACH"
+    # Every time, not a few a second: name lookups that fall through to the machine's DNS
+    # server must fail at once, not wait for resolver timeouts.
+    burst = ("import socket\nfor _ in range(20):\n    try: socket.create_connection(('192.0.2.1', 80), 10)\n"
+             "    except OSError as e: print(e.errno)\n")
+    assert a.run([sys.executable, "-c", burst]).stdout.split() == [str(errno.ENETUNREACH)] * 20
+
+
 def test_nothing_of_the_run_is_in_the_root_namespace(hosts: TestHosts) -> None:
     """No test address, route or interface of the run in the root namespace."""
     def root(*argv: str) -> str:
@@ -138,6 +162,8 @@ def test_ssh_from_one_host_to_another(hosts: TestHosts) -> None:
     assert "StrictHostKeyChecking no" in config and "UserKnownHostsFile /dev/null" in config
     with pytest.raises(KeyError):
         hosts.ssh_argv("nosuch", "true")
+    if Path("/root/.bashrc").is_file():  # the host's root shell is plain, not the machine's
+        assert hosts["a"].run(hosts.ssh_argv("b", "cat /root/.bashrc")).stdout == hosts.shell_rc.read_text()
 
 
 def test_partition_drop_times_out_and_heal_restores(hosts: TestHosts) -> None:

@@ -11,8 +11,10 @@ must not touch its network. ``TestHosts`` makes them out of namespaces:
   bridge's namespace with its peer sent straight into the host's namespace as ``eth0``, so no
   interface ever appears in the root namespace. The host's address is in a /24 of
   ``10.213.0.0/16`` that no live run uses (chosen under a file lock, so concurrent pytest-xdist
-  workers get distinct subnets); that /24 exists only inside the run's namespaces. Each host has
-  its own loopback, up.
+  workers get distinct subnets); that /24 exists only inside the run's namespaces. Hosts get
+  .1, .2, ... in the order of their names; .254 is the bridge, their default route, which has
+  nowhere further to send a packet (anything for elsewhere is "network unreachable" at once).
+  Each host has its own loopback, up.
 * **Files.** Each host has a persistent mount namespace (``unshare --mount=<file>``; the file is
   under ``/run/bk-test-hosts/mnt``, which is bind-mounted onto itself and made private once, as
   the kernel requires for a namespace file) in which every ``private_paths`` entry is
@@ -22,7 +24,12 @@ must not touch its network. ``TestHosts`` makes them out of namespaces:
   ``/tmp``, so the fixture's key and ssh_config (and a test's artefacts) can be passed by path,
   like a shared file system. The netns files copied into a new mount namespace are unmounted in
   it, so a host never pins another run's namespaces.
-* **Processes.** ``Host.run`` / ``Host.popen`` run argv under ``nsenter --net --mount``;
+* **Names.** Each host has a UTS namespace whose hostname is its name, and an ``/etc/hosts``
+  (bound from ``workdir/_hosts/etc_hosts``) naming every host with its address, so software
+  that asks "who am I" or resolves a peer by name gets the test addresses. root's shell rc
+  files (``/root/.bashrc``...) are replaced by a plain one on the hosts: a fresh machine's
+  root, not the developer's (whose pyenv rehash would run, and lock, for every ssh command).
+* **Processes.** ``Host.run`` / ``Host.popen`` run argv under ``nsenter --net --mount --uts``;
   ``/usr/bin/python3`` and the venv are the machine's (shared file system). ``Host.pids`` is
   every process in the host's network namespace (``ip netns pids``).
 * **SSH.** Each host runs Debian's ``sshd`` on port 22 of its address (its own config, host keys
@@ -75,6 +82,8 @@ BRIDGE = "br0"
 SSHD = "/usr/sbin/sshd"
 NFT_TABLE = "bktest"
 TERM_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
+ENTER_WAIT_S = 10.0  # nsenter's setns takes microseconds; only a stuck machine takes this
+KILL_WAIT_S = 10.0  # then the namespaces are deleted whatever still runs (it dies with them)
 TOOLS = ("ip", "nsenter", "unshare", "nft", "ssh", "ssh-keygen", "mount", "umount")
 PARTITION_MODES = ("drop", "reset")
 
@@ -171,7 +180,8 @@ def _kill_netns_processes(namespaces: list[str]) -> None:
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = [p for ns in namespaces for p in _netns_pids(ns)]
-    while pids:
+    deadline = time.monotonic() + KILL_WAIT_S
+    while pids and time.monotonic() < deadline:  # bounded: a process stuck in D state stays
         _signal_all(pids, signal.SIGKILL)
         time.sleep(0.05)
         pids = [p for ns in namespaces for p in _netns_pids(ns)]
@@ -235,6 +245,7 @@ class Host:
         self._hosts = hosts
         self.netns = f"{hosts.prefix}-{name}"
         self.mount_file = MOUNT_DIR / self.netns
+        self.uts_file = MOUNT_DIR / f"{self.netns}.uts"
         self.sshd: subprocess.Popen[Any] | None = None
 
     def __repr__(self) -> str:
@@ -250,11 +261,11 @@ class Host:
                          f"({', '.join(self._hosts.private_paths)})")
 
     def _enter(self, argv: list[str] | str, cwd: str | Path | None = None) -> list[str]:
-        """argv wrapped to run inside this host's network and mount namespaces."""
+        """argv wrapped to run inside this host's network, mount and UTS namespaces."""
         command = ["sh", "-c", argv] if isinstance(argv, str) else list(argv)
         wd = [f"--wd={cwd}"] if cwd is not None else []
         return ["nsenter", f"--net={NETNS_DIR / self.netns}", f"--mount={self.mount_file}",
-                *wd, "--", *command]
+                f"--uts={self.uts_file}", *wd, "--", *command]
 
     def run(self, argv: list[str] | str, *, check: bool = True, timeout: float = 120,
             env: dict[str, str] | None = None, input: str | None = None,
@@ -272,7 +283,27 @@ class Host:
         ``popen_kwargs`` are ``subprocess.Popen``'s; ``cwd`` is the directory inside the host.
         """
         cwd = popen_kwargs.pop("cwd", None)
-        return subprocess.Popen(self._enter(argv, cwd), **popen_kwargs)
+        proc = subprocess.Popen(self._enter(argv, cwd), **popen_kwargs)
+        self._wait_entered(proc)
+        return proc
+
+    def _wait_entered(self, proc: subprocess.Popen[Any]) -> None:
+        """Return once the new process is in the host's namespace (or has already exited).
+
+        Until nsenter has entered, the process is in the root namespace: ``pids()`` would
+        miss it and ``stop()`` would not kill it.
+        """
+        netns_inode = os.stat(NETNS_DIR / self.netns).st_ino
+        deadline = time.monotonic() + ENTER_WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if os.stat(f"/proc/{proc.pid}/ns/net").st_ino == netns_inode:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.001)
+        if proc.poll() is None:
+            raise HostsError(f"{self.name}: process {proc.pid} did not enter the host in {ENTER_WAIT_S} s")
 
     def pids(self) -> list[int]:
         """Every process in this host's network namespace."""
@@ -397,6 +428,8 @@ class TestHosts:
         self.run_dir = self.workdir / "_hosts"
         self.ssh_key = self.run_dir / "id_ed25519"
         self.ssh_config = self.run_dir / "ssh_config"
+        self.etc_hosts = self.run_dir / "etc_hosts"
+        self.shell_rc = self.run_dir / "shell_rc"
         self._hosts: dict[str, Host] = {}
         self._started = False
 
@@ -442,6 +475,7 @@ class TestHosts:
             self._claim()
             self._make_keys()
             self._make_network()
+            self._write_etc_hosts()
             for host in self:
                 self._make_mounts(host)
             self._write_ssh_config()
@@ -475,6 +509,7 @@ class TestHosts:
             tmp.write_text(json.dumps(state))
             tmp.rename(self.state_file)
         self.subnet = f"{SUBNET_BASE}.{subnet}.0/24"
+        self.gateway = f"{SUBNET_BASE}.{subnet}.254"
         for i, name in enumerate(self.names):
             self._hosts[name] = Host(self, name, f"{SUBNET_BASE}.{subnet}.{i + 1}")
 
@@ -485,10 +520,22 @@ class TestHosts:
                 _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.prefix, "-f", str(key)])
 
     def _make_network(self) -> None:
+        """The bridge's namespace, then each host's namespace wired to the bridge."""
         bridge_ns = f"{self.prefix}-br"
         _sh(["ip", "netns", "add", bridge_ns])
         _sh(["ip", "-n", bridge_ns, "link", "add", BRIDGE, "type", "bridge"])
+        _sh(["ip", "-n", bridge_ns, "addr", "add", f"{self.gateway}/24", "dev", BRIDGE])
         _sh(["ip", "-n", bridge_ns, "link", "set", BRIDGE, "up"])
+        # The hosts' gateway answers every packet for elsewhere at once with "network
+        # unreachable". Left to routing it would drop them silently (no forwarding) or answer
+        # a few a second (the kernel's fixed route-error limit): a host's DNS lookups (the
+        # machine's resolv.conf) would wait seconds for timeouts. nft's reject, unlimited here.
+        _sh(["nsenter", f"--net={NETNS_DIR / bridge_ns}", "--", "sysctl", "-q", "-w",
+             "net.ipv4.icmp_ratelimit=0"])
+        _sh(["nsenter", f"--net={NETNS_DIR / bridge_ns}", "--", "nft", "-f", "-"], input=(
+            f"table inet {NFT_TABLE} {{\n  chain prerouting {{\n"
+            f"    type filter hook prerouting priority 0; policy accept;\n"
+            f"    ip daddr != {self.subnet} reject with icmpx type no-route\n  }}\n}}\n"))
         for i, host in enumerate(self):
             _sh(["ip", "netns", "add", host.netns])
             # Both ends are born in the bridge's namespace and eth0 goes straight to the host's:
@@ -499,14 +546,34 @@ class TestHosts:
             _sh(["ip", "-n", host.netns, "link", "set", "lo", "up"])
             _sh(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
             _sh(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
+            # A default route, as real hosts have (Ansible's ansible_default_ipv4 is the host's
+            # address). The gateway is the bridge's namespace, which has nowhere to send a
+            # packet for elsewhere: it answers "network unreachable" and nothing leaves the run.
+            _sh(["ip", "-n", host.netns, "route", "add", "default", "via", self.gateway])
+
+    def _write_etc_hosts(self) -> None:
+        """The hosts' /etc/hosts: every host's name resolves to its address on every host.
+
+        With each host's hostname its own name, what asks "who am I" (Java's getLocalHost,
+        Spark's and ZooKeeper's defaults) finds the host's address, not the machine's.
+        """
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
+                 *(f"{h.address} {h.name}" for h in self)]
+        self.etc_hosts.write_text("\n".join(lines) + "\n")
+        self.shell_rc.write_text("# A test host's root shell: plain, whatever the machine's is.\n")
 
     def _make_mounts(self, host: Host) -> None:
-        """A persistent mount namespace with the private paths bound from the host's dirs."""
+        """Persistent mount and UTS namespaces: private paths, /etc/hosts and the hostname."""
+        host.uts_file.touch()
+        _sh(["unshare", f"--uts={host.uts_file}", "hostname", host.name])
         host.mount_file.touch()
         _sh(["unshare", f"--mount={host.mount_file}", "--propagation", "private", "true"])
         script = [
             # Netns files copied from the root namespace would pin other runs' namespaces.
             "findmnt -rn -t nsfs -o TARGET | while read -r m; do umount -l \"$m\"; done",
+            f"mount --bind {shlex.quote(str(self.etc_hosts))} /etc/hosts",
+            *(f"mount --bind {shlex.quote(str(self.shell_rc))} {shlex.quote(str(rc))}"
+              for rc in _root_shell_rcs()),
         ]
         stash = STATE_DIR / f"{host.netns}.workdir"
         covered = any(self.workdir == Path(p) or Path(p) in self.workdir.parents
@@ -556,6 +623,19 @@ class TestHosts:
         if host.run(["/usr/bin/python3", "-c", probe], check=False, timeout=30).returncode != 0:
             log = (self.run_dir / f"sshd.{host.name}.log").read_text(errors="replace")
             raise HostsError(f"sshd on {host.name} ({host.address}) did not listen: {log[-2000:]}")
+
+
+def _root_shell_rcs() -> list[Path]:
+    """root's shell start-up files on this machine, which each host replaces with a plain one.
+
+    sshd runs every command through root's login shell, and Debian's bash reads ~/.bashrc
+    then. A developer's rc (pyenv's rehash takes a lock file in the shared home) would run
+    on every host for every command: slow, and a host's killed session leaves the lock
+    behind for the whole machine.
+    """
+    home = Path("/root")
+    return [home / rc for rc in (".bashrc", ".profile", ".bash_profile", ".bash_login")
+            if (home / rc).is_file()]
 
 
 def _check_names(names: list[str]) -> None:
