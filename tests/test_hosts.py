@@ -327,6 +327,8 @@ def test_cleanup_command_removes_a_killed_run(tmp_path: Path) -> None:
     (["a"], ("/",), "absolute"),
     (["a"], ("/run",), "would hide"),
     (["a"], ("/proc",), "would hide"),
+    (["a"], ("/etc",), "would hide"),
+    (["a"], (str(Path(sys.prefix).parent),), "would hide"),
 ])
 def test_bad_names_and_private_paths_are_refused(tmp_path: Path, names: list[str],
                                                  paths: tuple[str, ...], match: str) -> None:

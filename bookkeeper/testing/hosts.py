@@ -66,6 +66,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,8 @@ ENTER_WAIT_S = 10.0  # nsenter's setns takes microseconds; only a stuck machine 
 KILL_WAIT_S = 10.0  # then the namespaces are deleted whatever still runs (it dies with them)
 TOOLS = ("ip", "nsenter", "unshare", "nft", "ssh", "ssh-keygen", "mount", "umount")
 PARTITION_MODES = ("drop", "reset")
+# What every host shares with the machine: the system, and where the fixture keeps its state.
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev", "/run")
 
 
 class HostsError(RuntimeError):
@@ -654,14 +657,16 @@ def _check_names(names: list[str]) -> None:
 
 
 def _check_private_paths(paths: tuple[str, ...]) -> None:
+    """A private path may be any directory but one whose hiding would break every host."""
     for path in paths:
         p = Path(path)
         if not p.is_absolute() or p == Path("/") or ".." in p.parts:
             raise ValueError(f"private path {path!r} must be an absolute directory other than /")
-        if p in (Path("/run"), Path("/proc"), Path("/sys"), Path("/dev")) or \
-                p in STATE_DIR.parents or p == STATE_DIR or STATE_DIR in p.parents:
-            raise ValueError(f"private path {path!r} would hide what the hosts need "
-                             f"(/proc, /sys, /dev, /run)")
+        needed = [*map(Path, SYSTEM_DIRS), STATE_DIR, Path(sys.prefix), Path(sys.base_prefix)]
+        hidden = [n for n in needed if n == p or p in n.parents]
+        if hidden:
+            raise ValueError(f"private path {path!r} would hide {hidden[0]}, which the hosts "
+                             f"share with the machine")
 
 
 def main(argv: list[str] | None = None) -> int:
