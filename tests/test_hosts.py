@@ -137,6 +137,7 @@ def test_private_paths_are_private_per_host(hosts: TestHosts) -> None:
     on_b = hosts["b"].run(f"ls /srv/{name} /tmp/{name}", check=False)
     assert on_b.returncode != 0 and on_b.stdout == ""
     assert hosts["a"].run(f"cat /srv/{name} /tmp/{name}").stdout == "from-a\ntmp-a\n"
+    assert hosts["a"].run(["cat", name], cwd="/srv").stdout == "from-a\n"  # cwd is the host's /srv
     with pytest.raises(ValueError, match="not under a private path"):
         hosts["a"].backing_dir("/var")
 

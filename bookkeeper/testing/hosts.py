@@ -57,8 +57,8 @@ Only the standard library is used.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -73,7 +73,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Host", "TestHosts", "namespaces_unavailable", "cleanup_stale"]
+__all__ = ["Host", "HostsError", "TestHosts", "cleanup_stale", "namespaces_unavailable", "partition_ruleset"]
 
 STATE_DIR = Path("/run/bk-test-hosts")
 MOUNT_DIR = STATE_DIR / "mnt"  # persistent mount-namespace files: must sit on a private mount
@@ -266,9 +266,11 @@ class Host:
     def _enter(self, argv: list[str] | str, cwd: str | Path | None = None) -> list[str]:
         """argv wrapped to run inside this host's network, mount and UTS namespaces."""
         command = ["sh", "-c", argv] if isinstance(argv, str) else list(argv)
-        wd = [f"--wd={cwd}"] if cwd is not None else []
+        # cd inside the host, where a private path is the host's own (nsenter's --wd would
+        # resolve it in the root namespace, and --wdns is not in every util-linux).
+        wd = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd)] if cwd is not None else []
         return ["nsenter", f"--net={NETNS_DIR / self.netns}", f"--mount={self.mount_file}",
-                f"--uts={self.uts_file}", *wd, "--", *command]
+                f"--uts={self.uts_file}", "--", *wd, *command]
 
     def run(self, argv: list[str] | str, *, check: bool = True, timeout: float = 120,
             env: dict[str, str] | None = None, input: str | None = None,
@@ -495,9 +497,9 @@ class TestHosts:
             return
         self._started = False
         atexit.unregister(self.stop)
-        with _Lock():
-            _remove_run(self.prefix)
-            self.state_file.unlink(missing_ok=True)
+        # No lock needed: while the state file names a live owner, no other run touches it.
+        _remove_run(self.prefix)
+        self.state_file.unlink(missing_ok=True)
 
     # -- setup steps --
 
@@ -571,28 +573,29 @@ class TestHosts:
         _sh(["unshare", f"--uts={host.uts_file}", "hostname", host.name])
         host.mount_file.touch()
         _sh(["unshare", f"--mount={host.mount_file}", "--propagation", "private", "true"])
+        for private in self.private_paths:
+            host.backing_dir(private).mkdir(parents=True, exist_ok=True)
+            Path(private).mkdir(parents=True, exist_ok=True)
+        _sh(["nsenter", f"--mount={host.mount_file}", "--", "sh", "-ec", self._mount_script(host)])
+
+    def _mount_script(self, host: Host) -> str:
+        """The shell script that sets up a host's fresh mount namespace (run inside it)."""
+        q = shlex.quote
         script = [
             # Netns files copied from the root namespace would pin other runs' namespaces.
             "findmnt -rn -t nsfs -o TARGET | while read -r m; do umount -l \"$m\"; done",
-            f"mount --bind {shlex.quote(str(self.etc_hosts))} /etc/hosts",
-            *(f"mount --bind {shlex.quote(str(self.shell_rc))} {shlex.quote(str(rc))}"
-              for rc in _root_shell_rcs()),
+            f"mount --bind {q(str(self.etc_hosts))} /etc/hosts",
+            *(f"mount --bind {q(str(self.shell_rc))} {q(str(rc))}" for rc in _root_shell_rcs()),
         ]
-        stash = STATE_DIR / f"{host.netns}.workdir"
-        covered = any(self.workdir == Path(p) or Path(p) in self.workdir.parents
-                      for p in self.private_paths)
-        if covered:  # keep the workdir visible on the host though a private path covers it
-            script.append(f"mkdir -p {shlex.quote(str(stash))} && mount --bind {shlex.quote(str(self.workdir))} "
-                          f"{shlex.quote(str(stash))}")
-        for private in self.private_paths:
-            backing = host.backing_dir(private)
-            backing.mkdir(parents=True, exist_ok=True)
-            Path(private).mkdir(parents=True, exist_ok=True)
-            script.append(f"mount --bind {shlex.quote(str(backing))} {shlex.quote(private)}")
-        if covered:
-            script.append(f"mkdir -p {shlex.quote(str(self.workdir))} && mount --move {shlex.quote(str(stash))} "
-                          f"{shlex.quote(str(self.workdir))} && rmdir {shlex.quote(str(stash))}")
-        _sh(["nsenter", f"--mount={host.mount_file}", "--", "sh", "-ec", "\n".join(script)])
+        binds = [f"mount --bind {q(str(host.backing_dir(p)))} {q(p)}" for p in self.private_paths]
+        if not any(self.workdir == Path(p) or Path(p) in self.workdir.parents
+                   for p in self.private_paths):
+            return "\n".join(script + binds)
+        # A private path covers the workdir: set it aside first, then put it back over the
+        # private directory, so the workdir stays the same shared directory on every host.
+        stash, workdir = q(str(STATE_DIR / f"{host.netns}.workdir")), q(str(self.workdir))
+        return "\n".join([*script, f"mkdir -p {stash}", f"mount --bind {workdir} {stash}", *binds,
+                          f"mkdir -p {workdir}", f"mount --move {stash} {workdir}", f"rmdir {stash}"])
 
     def _write_ssh_config(self) -> None:
         blocks = [f"Host {h.name}\n  HostName {h.address}\n" for h in self]
