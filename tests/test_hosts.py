@@ -46,11 +46,13 @@ except OSError as e:
     print(errno.errorcode.get(e.errno, str(e)))
 """
 PORT = 7000
+SERVERS: list[subprocess.Popen[str]] = []  # reaped once the hosts (and so they) are stopped
 
 
 def _serve(host: Host, address: str) -> subprocess.Popen[str]:
     proc = host.popen([sys.executable, "-c", SERVER, address, str(PORT), host.name],
                       stdout=subprocess.PIPE, text=True)
+    SERVERS.append(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -65,10 +67,13 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Three hosts with /srv and /tmp private; a server on each host's address."""
     with TestHosts(tmp_path_factory.mktemp("hosts"), ["a", "b", "c"],
                    private_paths=("/srv", "/tmp")) as made:
-        servers = [_serve(h, h.address) for h in made]
+        for host in made:
+            _serve(host, host.address)
         yield made
-    for server in servers:
+    for server in SERVERS:
         server.wait(timeout=10)
+        assert server.stdout is not None
+        server.stdout.close()
 
 
 def _ipv4(host: Host) -> list[tuple[str, str]]:
@@ -182,6 +187,7 @@ def test_partition_drop_times_out_and_heal_restores(hosts: TestHosts) -> None:
     finally:
         a.heal()
         loop.kill()
+        loop.wait(timeout=10)
 
 
 def test_partition_reset_refuses_at_once_from_every_peer(hosts: TestHosts) -> None:
@@ -292,6 +298,7 @@ def test_a_killed_run_is_removed_by_the_next_start(tmp_path: Path) -> None:
     prefix, *orphans = owner.stdout.readline().split()
     owner.kill()
     owner.wait(timeout=10)
+    owner.stdout.close()
     assert _run_artifacts(prefix) and all(_alive(int(p)) for p in orphans)
     with TestHosts(tmp_path / "next", ["n1"]) as fresh:
         assert _run_artifacts(prefix) == []
@@ -313,6 +320,7 @@ def test_cleanup_command_removes_a_killed_run(tmp_path: Path) -> None:
     assert prefix not in out and _run_artifacts(prefix)  # a live owner's run is left alone
     owner.kill()
     owner.wait(timeout=10)
+    owner.stdout.close()
     out = subprocess.run([sys.executable, "-m", "bookkeeper.testing.hosts", "--cleanup"],
                          capture_output=True, text=True, check=True).stdout
     assert prefix in out and _run_artifacts(prefix) == []

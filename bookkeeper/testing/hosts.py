@@ -499,6 +499,10 @@ class TestHosts:
         atexit.unregister(self.stop)
         # No lock needed: while the state file names a live owner, no other run touches it.
         _remove_run(self.prefix)
+        for host in self:  # reap the sshds we started (killed with everything else)
+            if host.sshd is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    host.sshd.wait(timeout=KILL_WAIT_S)
         self.state_file.unlink(missing_ok=True)
 
     # -- setup steps --
