@@ -60,6 +60,7 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import shlex
@@ -89,6 +90,9 @@ TOOLS = ("ip", "nsenter", "unshare", "nft", "ssh", "ssh-keygen", "mount", "umoun
 PARTITION_MODES = ("drop", "reset")
 # What every host shares with the machine: the system, and where the fixture keeps its state.
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev", "/run")
+
+
+_RUN_NUMBERS = itertools.count()  # this process's runs
 
 
 class HostsError(RuntimeError):
@@ -429,7 +433,8 @@ class TestHosts:
         self.workdir = Path(workdir).resolve()
         self.names = list(names)
         self.private_paths = tuple(private_paths)
-        self.prefix = f"bkt{os.getpid()}x{int(time.monotonic() * 1000) % 100000}"
+        # Unique among live runs: a dead process's runs (its pid reused) go before we claim.
+        self.prefix = f"bkt{os.getpid()}n{next(_RUN_NUMBERS)}"
         self.run_dir = self.workdir / "_hosts"
         self.ssh_key = self.run_dir / "id_ed25519"
         self.ssh_config = self.run_dir / "ssh_config"
