@@ -346,8 +346,6 @@ class Host:
 
     def partition(self, mode: str = "drop", peers: list[Host] | None = None) -> None:
         """Cut this host off from ``peers`` (default: every other host) with nftables."""
-        if mode not in PARTITION_MODES:
-            raise ValueError(f"partition mode must be one of {PARTITION_MODES}, not {mode!r}")
         targets = peers if peers is not None else [h for h in self._hosts if h is not self]
         if not targets:
             raise ValueError(f"{self.name}: no peers to partition from")
@@ -372,6 +370,8 @@ def partition_ruleset(mode: str, peer_addresses: list[str]) -> str:
     loopback). Declaring the table before deleting it makes the delete safe on a healed host;
     the whole script is one nft transaction.
     """
+    if mode not in PARTITION_MODES:
+        raise ValueError(f"partition mode must be one of {PARTITION_MODES}, not {mode!r}")
     peers = "{ " + ", ".join(peer_addresses) + " }"
     if mode == "drop":
         rules_in = [f"ip saddr {peers} drop"]
