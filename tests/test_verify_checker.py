@@ -176,10 +176,10 @@ def test_lac_regression() -> None:
     assert kinds(h) == [("lac_regression", L, 1, line)]
 
 
-def _stream(h: H, txids: int) -> None:
+def _stream(h: H, txids: int, stream: str = "s") -> None:
     for t in range(txids):
-        h.add("s0", "invoke", "append", stream="s", txid=t, value=f"d{t}")
-        h.add("s0", "ok", "append", stream="s", txid=t, position=f"1:{t}:0")
+        h.add("s0", "invoke", "append", stream=stream, txid=t, value=f"d{t}")
+        h.add("s0", "ok", "append", stream=stream, txid=t, position=f"1:{t}:0")
 
 
 def test_stream_duplicate_order_lost_and_unexpected() -> None:
@@ -191,6 +191,15 @@ def test_stream_duplicate_order_lost_and_unexpected() -> None:
     assert kinds(h) == []
     dup = h.add("final", "ok", "stream_read", stream="s", txid=1, value="d1", position="1:1:0")
     assert kinds(h) == [("stream_duplicate", None, None, dup)]
+
+    h = H()  # two streams, each from txid 0, read one after the other by one reader: no anomaly
+    _stream(h, 2, "a")
+    _stream(h, 2, "b")
+    h.add("final", "invoke", "stream_read", stream="a")
+    for stream in ("a", "b"):
+        for t in (0, 1):
+            h.add("final", "ok", "stream_read", stream=stream, txid=t, value=f"d{t}", position=f"1:{t}:0")
+    assert kinds(h) == []
 
     h = H()
     _stream(h, 3)
@@ -301,8 +310,11 @@ def test_bk_verify_check_exit_codes_and_json(tmp_path: Path, capsys: pytest.Capt
     clean.add("nemesis", "fail", "fault", kind="kill", phase="inject", step=0, target=1, error="exit 1")
     assert bk_verify(["check", str(_file(tmp_path, clean))], capsys)[0] == 3
 
-    (tmp_path / "bad.jsonl").write_text('{"i": 0}\nnot json\n')
-    with pytest.raises(UsageError, match="bad.jsonl:1"):
+    (tmp_path / "bad.jsonl").write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\nnot json\n')
+    with pytest.raises(UsageError, match="bad.jsonl:2: not JSON"):
+        bk_verify(["check", str(tmp_path / "bad.jsonl")], capsys)
+    (tmp_path / "bad.jsonl").write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\n')
+    with pytest.raises(UsageError, match="line 1: not a history record"):
         bk_verify(["check", str(tmp_path / "bad.jsonl")], capsys)
     with pytest.raises(UsageError, match="no history file"):
         bk_verify(["check", str(tmp_path / "missing.jsonl")], capsys)

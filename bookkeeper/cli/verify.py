@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, metadata_uri, out
-from bookkeeper.verify.checker import VerifyReport, check_history
+from bookkeeper.verify.checker import HistoryRecordError, VerifyReport, check_history
 from bookkeeper.verify.history import HistoryFormatError, read_history
 from bookkeeper.verify.nemesis import COMMAND_KINDS, DEFAULT_HOLD_S, CommandFaults, fault_schedule, parse_kinds
 from bookkeeper.verify.workload import WorkloadOptions, parse_ensembles, run_verify
@@ -114,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         report = check_history(read_history(path))
-    except (HistoryFormatError, KeyError, TypeError) as e:
+    except (HistoryFormatError, HistoryRecordError) as e:
         raise UsageError(f"{path}: not a bk verify history: {e}") from None
     report.check_seconds = time.monotonic() - started
     report.history = str(path)

@@ -6,9 +6,10 @@ started again, hung (SIGSTOP/SIGCONT), restarted gracefully, frozen past its Zoo
 session timeout (its registration expires: it must register again), ZooKeeper itself
 restarted, and, where the ensemble can be rebuilt around them, two bookies down at
 overlapping times. Each step ends only once everything it hurt is back and registered.
-The checker then compares the writer's own record of acknowledged entries with what a
-recovery open reads back: nothing acknowledged lost or altered, ids contiguous, LAC
-never went back, and the writer never saw an error.
+The writer records its adds, acknowledgements and LACs, and the read-back after a recovery
+open, as a `bk verify` history (in memory), judged by the same checker
+(bookkeeper.verify.check_history): nothing acknowledged lost or altered, LAC never went back;
+besides, ids contiguous and the writer never saw an error.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from typing import TypeVar
 
 from bookkeeper.client import BookKeeper, WriteHandle
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
+from bookkeeper.verify.checker import Anomaly, check_history
+from bookkeeper.verify.history import History, digest
 
 T = TypeVar("T")
 
@@ -130,6 +133,7 @@ class Report:
     lac_regressions: int = 0
     closed_last_entry: int = -1
     missing_or_altered: list[int] = field(default_factory=list)
+    anomalies: list[Anomaly] = field(default_factory=list)  # the bk verify checker's, over the writer's history
     segments: int = 0
     ensemble_changes: int = 0
     quarantine_overridden: int = 0
@@ -140,8 +144,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return (not self.writer_errors and not self.fault_errors and not self.lac_regressions
-                and not self.missing_or_altered and self.closed_last_entry >= self.acked - 1)
+        return not self.writer_errors and not self.fault_errors and not self.anomalies
 
     def summary(self) -> str:
         return (f"seed={self.seed} faults={[(f.kind, f.slot, f.at_s, f.hold_s) for f in self.faults]} "
@@ -149,6 +152,7 @@ class Report:
                 f"ensemble_changes={self.ensemble_changes} quarantine_overridden={self.quarantine_overridden} "
                 f"writer_errors={len(self.writer_errors)} fault_errors={len(self.fault_errors)} "
                 f"lac_regressions={self.lac_regressions} lost_or_altered={len(self.missing_or_altered)} "
+                f"anomalies={[(a.kind, a.entry_id, a.detail) for a in self.anomalies[:5]]} "
                 f"time={self.seconds:.1f}s (stream {self.stream_s:.1f}s) ok={self.ok}")
 
 
@@ -281,6 +285,7 @@ async def run_scenario(cluster: LocalCluster, seed: int, *, duration_s: float = 
         plan = schedule(seed, duration_s=duration_s, ensemble=ensemble, bookies=len(cluster.bookies),
                         faults=faults, session_timeout_s=session_timeout_s)
     report = Report(seed, plan)
+    hist = History(None)
     t_start = time.monotonic()
     async with await BookKeeper.connect(cluster.metadata_uri, seed=seed, add_timeout_s=add_timeout_s,
                                         read_timeout_s=add_timeout_s) as bk:
@@ -288,7 +293,7 @@ async def run_scenario(cluster: LocalCluster, seed: int, *, duration_s: float = 
                                     password=b"faults")
         injector = asyncio.create_task(_inject(cluster, plan, time.monotonic(), lh, report.timeline))
         acked: list[int] = []
-        last_lac = -1
+        lid = lh.ledger_id
         pending: deque[asyncio.Future[int]] = deque()
         next_id = 0
         t_stream = time.monotonic()
@@ -297,19 +302,20 @@ async def run_scenario(cluster: LocalCluster, seed: int, *, duration_s: float = 
             while time.monotonic() < deadline or not injector.done():
                 while len(pending) < window and (rate_per_s is None
                                                  or next_id <= rate_per_s * (time.monotonic() - t_stream)):
-                    pending.append(lh.add_entry_async(payload(seed, next_id)))
+                    data = payload(seed, next_id)
+                    hist.record("w0", "invoke", "add", ledger_id=lid, entry_id=next_id, value=digest(data))
+                    pending.append(lh.add_entry_async(data))
                     next_id += 1
                 if not pending and rate_per_s is not None:  # paced, nothing in flight: until the next is due
                     await asyncio.sleep(next_id / rate_per_s - (time.monotonic() - t_stream))
                     continue
                 # Bounded: a stalled writer is a failure to report, not a hang of the harness.
                 acked.append(await asyncio.wait_for(pending.popleft(), STALL_S))
-                lac = lh.last_add_confirmed
-                if lac < last_lac:
-                    report.lac_regressions += 1
-                last_lac = lac
+                hist.record("w0", "ok", "add", ledger_id=lid, entry_id=acked[-1])
+                hist.record("w0", "ok", "lac", ledger_id=lid, value=lh.last_add_confirmed)
             for fut in pending:
                 acked.append(await asyncio.wait_for(fut, STALL_S))
+                hist.record("w0", "ok", "add", ledger_id=lid, entry_id=acked[-1])
         except Exception as e:  # the writer must never see an error: record it for the checker
             report.writer_errors.append(f"{type(e).__name__}: {e}")
             for fut in pending:  # the same error, once per add: reported above, not at garbage collection
@@ -329,9 +335,13 @@ async def run_scenario(cluster: LocalCluster, seed: int, *, duration_s: float = 
         rh = await reader.open_ledger(lh.ledger_id, password=b"faults")
         report.closed_last_entry = rh.last_add_confirmed
         report.segments = len(rh.metadata.ensembles)
+        hist.record("final", "ok", "recover", ledger_id=lid, end=rh.last_add_confirmed)
         got = await rh.read(0, rh.last_add_confirmed) if rh.last_add_confirmed >= 0 else []
-        by_id = {e.entry_id: e.data for e in got}
-        report.missing_or_altered = [i for i in acked if by_id.get(i) != payload(seed, i)]
+        hist.record("final", "ok", "read", ledger_id=lid, entry_id=0, values=[digest(e.data) for e in got])
         await reader.delete_ledger(lh.ledger_id)
+    report.anomalies = check_history(hist.records).anomalies
+    report.lac_regressions = sum(a.kind == "lac_regression" for a in report.anomalies)
+    report.missing_or_altered = sorted({a.entry_id for a in report.anomalies
+                                        if a.kind != "lac_regression" and a.entry_id is not None})
     report.seconds = time.monotonic() - t_start
     return report

@@ -111,11 +111,11 @@ class _Checker:
         self.ledgers: set[int] = set()
         self.outstanding: dict[str, int] = defaultdict(int)
         self.since: dict[str, float] = {}
-        self.appended: dict[int, str] = {}
-        self.appends_acked: dict[int, int] = {}
-        self.stream_seen: dict[str, set[int]] = defaultdict(set)
-        self.stream_last: dict[str, int] = {}
-        self.final_txids: set[int] = set()
+        self.appended: dict[tuple[str, int], str] = {}       # (stream, txid) -> digest sent
+        self.appends_acked: dict[tuple[str, int], int] = {}  # (stream, txid) -> line of the ack
+        self.stream_seen: dict[tuple[str, str], set[int]] = defaultdict(set)  # (reader, stream) -> txids
+        self.stream_last: dict[tuple[str, str], int] = {}
+        self.final_txids: set[tuple[str, int]] = set()
         self.final_stream_read = False
         self.line = 0
 
@@ -147,7 +147,7 @@ class _Checker:
                 self.since[proc] = rec["t"]
             self.outstanding[proc] += 1
         elif f == "append":
-            self.appended[rec["txid"]] = rec["value"]
+            self.appended[rec.get("stream", ""), rec["txid"]] = rec["value"]
             proc = rec["proc"]
             if self.outstanding[proc] == 0:
                 self.since[proc] = rec["t"]
@@ -243,24 +243,24 @@ class _Checker:
     def append_ok(self, rec: dict[str, Any]) -> None:
         self.r.acked += 1
         self.r.stream_records += 1
-        self.appends_acked[rec["txid"]] = self.line
+        self.appends_acked[rec.get("stream", ""), rec["txid"]] = self.line
 
     def stream_read_ok(self, rec: dict[str, Any]) -> None:
-        proc, txid, value = rec["proc"], rec["txid"], rec["value"]
-        sent = self.appended.get(txid)
+        proc, stream, txid, value = rec["proc"], rec.get("stream", ""), rec["txid"], rec["value"]
+        sent = self.appended.get((stream, txid))
         if sent != value:
-            self.anomaly("unexpected", None, None, f"stream {rec.get('stream')} txid {txid} at {rec.get('position')}: "
+            self.anomaly("unexpected", None, None, f"stream {stream} txid {txid} at {rec.get('position')}: "
                          f"read {value}, " + (f"sent {sent}" if sent is not None else "never sent"))
         if proc == FINAL_PROC:
-            self.final_txids.add(txid)
-        seen = self.stream_seen[proc]
-        last = self.stream_last.get(proc)
+            self.final_txids.add((stream, txid))
+        seen = self.stream_seen[proc, stream]
+        last = self.stream_last.get((proc, stream))
         if txid in seen:
             self.anomaly("stream_duplicate", None, None, f"{proc} read txid {txid} again at {rec.get('position')}")
         elif last is not None and txid < last:
             self.anomaly("stream_order", None, None, f"{proc} read txid {txid} after txid {last} at {rec.get('position')}")
         seen.add(txid)
-        self.stream_last[proc] = max(txid, last if last is not None else txid)
+        self.stream_last[proc, stream] = max(txid, last if last is not None else txid)
 
     def fault_fail(self, rec: dict[str, Any]) -> None:
         self.r.fault_errors.append(f"step {rec.get('step')} {rec.get('kind')} {rec.get('phase')}: "
@@ -294,9 +294,9 @@ class _Checker:
             if end is not None and last > end[0]:
                 self.anomaly("divergent", ledger, last, f"read, past the ledger's recovered end {end[0]}", line)
         if self.final_stream_read:
-            for txid, line in self.appends_acked.items():
-                if txid not in self.final_txids:
-                    self.anomaly("lost", None, None, f"stream txid {txid}: acknowledged, not read back", line)
+            for (stream, txid), line in self.appends_acked.items():
+                if (stream, txid) not in self.final_txids:
+                    self.anomaly("lost", None, None, f"stream {stream} txid {txid}: acknowledged, not read back", line)
         self.r.ledgers = len(self.ledgers)
         self.r.anomalies.sort(key=lambda a: a.line)
         return self.r
@@ -318,10 +318,18 @@ class _Checker:
             self.anomaly("lost", ledger, entry, detail, line)
 
 
+class HistoryRecordError(ValueError):
+    """A record without a key its kind needs."""
+
+
 def check_history(records: Iterable[dict[str, Any]]) -> VerifyReport:
-    """Check a history (records in file order) and return what it shows."""
+    """Check a history (records in file order) and return what it shows; HistoryRecordError
+    names the line of a record that lacks a key its kind needs."""
     checker = _Checker()
     feed = checker.feed
-    for rec in records:
-        feed(rec)
+    try:
+        for rec in records:
+            feed(rec)
+    except (KeyError, TypeError) as e:
+        raise HistoryRecordError(f"line {checker.line}: not a history record ({type(e).__name__}: {e})") from None
     return checker.finish()
