@@ -35,6 +35,18 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """On the controller (not in an xdist worker): remove the test hosts (network namespaces,
+    their processes) of any run whose owner died, e.g. a worker killed by a timeout: a run
+    leaves nothing on the machine. Only where such runs can exist (namespaces usable)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from bookkeeper.testing.hosts import cleanup_stale, namespaces_unavailable
+
+    if namespaces_unavailable() is None:
+        cleanup_stale()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules marked `runtime(seconds)` first, longest first; the others after them in file
     order, and every module's own tests in file order. `make test` hands whole modules to
