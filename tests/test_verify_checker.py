@@ -239,6 +239,22 @@ def test_writer_errors_stall_and_fault_errors() -> None:
     assert r.faults == 1 and r.fault_errors == ["step 0 kill inject: exit 1"]
 
 
+def test_longest_stall_per_fault_step() -> None:
+    """Each fault step gets the longest writer wait that overlapped it (inject to heal)."""
+    h = H()
+    h.add("w0", "invoke", "add", t=1.0, ledger_id=L, entry_id=0, value=v(0))
+    for step, (inject, heal) in enumerate([(2.0, 3.0), (10.0, 11.0)]):
+        h.add("nemesis", "invoke", "fault", t=inject, kind="kill", phase="inject", step=step, target=5)
+        h.add("nemesis", "ok", "fault", t=inject, kind="kill", phase="inject", step=step, target=5)
+        h.add("nemesis", "invoke", "fault", t=heal, kind="kill", phase="heal", step=step, target=5)
+        h.add("nemesis", "ok", "fault", t=heal, kind="kill", phase="heal", step=step, target=5)
+        if step == 0:
+            h.add("w0", "ok", "add", t=4.0, ledger_id=L, entry_id=0)
+    steps = check_history(h.records).fault_steps
+    assert [(s["step"], s["inject_s"], s["healed_s"], s["longest_stall_s"]) for s in steps] == [
+        (0, 2.0, 3.0, 3.0), (1, 10.0, 11.0, 0.0)]
+
+
 def test_every_kind_has_a_history_here() -> None:
     """ANOMALY_KINDS is what docs/operations.md lists; each is produced by a test above."""
     assert set(ANOMALY_KINDS) == {"lost", "unexpected", "divergent", "ack_past_end", "lac_regression",

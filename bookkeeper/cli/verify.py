@@ -56,6 +56,13 @@ def print_report(report: VerifyReport, *, as_json: bool) -> int:
         out.print(f"writer error: {sample}")
     for err in report.fault_errors:
         out.print(f"fault step failed: {err}")
+    if report.fault_steps:
+        f = cli_table("step", "kind", "target", "injected", "healed", "longest stall", title="fault steps")
+        for st in report.fault_steps:
+            healed = "-" if st["healed_s"] is None else f"{st['healed_s']:.1f} s"
+            f.add_row(str(st["step"]), str(st["kind"]), str(st["target"]), f"{st['inject_s']:.1f} s", healed,
+                      f"{st['longest_stall_s']:.2f} s")
+        out.print(f)
     if report.anomalies:
         a = cli_table("kind", "ledger", "entry", "line", "detail", title="anomalies")
         for an in report.anomalies[:SHOWN_ANOMALIES]:
@@ -167,7 +174,7 @@ def add_verify_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="the kinds the schedule takes turns with (default kill,stop,partition)")
     p.add_argument("--fault-hold", type=_range, default=DEFAULT_HOLD_S, metavar="LOW-HIGH",
                    help="seconds each fault is held (default 2-6)")
-    p.add_argument("--history", default=None, metavar="FILE", help="write the JSONL history here (default: in memory)")
+    p.add_argument("--history", default=None, metavar="FILE", help="keep the JSONL history here (default: a temporary file, removed after the check)")
     p.set_defaults(func=cmd_run)
 
     p = vsub.add_parser("check", parents=[common], help="check a history file offline")

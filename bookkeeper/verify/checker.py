@@ -19,7 +19,9 @@ What it reports (docs/operations.md, "Checking a cluster"):
 
 Besides: `writer_errors` (failures a writer saw other than the fencing a takeover causes:
 distinct (proc, ledger, error) incidents), `longest_stall_s` (the longest time a writer had an
-add outstanding and no add completed), `fault_errors` (fault steps whose command failed).
+add outstanding and no add completed), `fault_errors` (fault steps whose command failed),
+`fault_steps` (each step's kind, target, inject and heal times, and the longest writer stall
+that overlapped it: what a fault cost the writers).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ ANOMALY_KINDS = ("lost", "unexpected", "divergent", "ack_past_end", "lac_regress
 WRITES = ("add", "append")  # the writes whose completions bound a writer's stall
 TAKEOVER_PROC = "takeover"
 FINAL_PROC = "final"
+STALL_NOTED_S = 0.2  # waits longer than this are kept, to say which fault step they overlapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ class VerifyReport:
     stream_records: int = 0          # acknowledged stream appends
     faults: int = 0                  # fault steps injected
     fault_errors: list[str] = field(default_factory=list)
+    fault_steps: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0             # the run's length (0 for an offline check)
     check_seconds: float = 0.0
     history: str | None = None
@@ -118,6 +122,7 @@ class _Checker:
         self.final_txids: set[tuple[str, int]] = set()
         self.final_stream_read = False
         self.line = 0
+        self.stalls: list[tuple[float, float]] = []  # (from, to) of each wait past STALL_NOTED_S
 
     def anomaly(self, kind: str, ledger_id: int | None, entry_id: int | None, detail: str,
                 line: int | None = None) -> None:
@@ -159,6 +164,8 @@ class _Checker:
             self.final_stream_read = True
         elif f == "fault" and rec.get("phase") == "inject":
             self.r.faults += 1
+            self.r.fault_steps.append({"step": rec.get("step"), "kind": rec.get("kind"), "target": rec.get("target"),
+                                       "inject_s": rec["t"], "healed_s": None, "longest_stall_s": 0.0})
 
     def write_done(self, rec: dict[str, Any]) -> None:
         """A write completed: the writer's stall, if it had one, ends here."""
@@ -166,6 +173,8 @@ class _Checker:
         if self.outstanding[proc] <= 0:
             return
         t = rec["t"]
+        if t - self.since[proc] > STALL_NOTED_S:
+            self.stalls.append((self.since[proc], t))
         if t - self.since[proc] > self.r.longest_stall_s:
             self.r.longest_stall_s = t - self.since[proc]
             self.r.longest_stall_proc, self.r.longest_stall_from_s = proc, self.since[proc]
@@ -280,10 +289,15 @@ class _Checker:
                 self.r.writer_error_samples.append(f"line {self.line}: {rec['proc']} {f} "
                                                    f"ledger {rec.get('ledger_id')}: {rec.get('error')}")
 
+    def fault_ok(self, rec: dict[str, Any]) -> None:
+        if rec.get("phase") == "heal" and self.r.fault_steps and self.r.fault_steps[-1]["step"] == rec.get("step"):
+            self.r.fault_steps[-1]["healed_s"] = rec["t"]
+
     HANDLERS = {("add", "ok"): add_ok, ("create", "ok"): create_ok, ("close", "ok"): end_fixed,
                 ("recover", "ok"): end_fixed, ("read", "ok"): read_ok, ("lac", "ok"): lac_ok,
                 ("recover", "fail"): recover_fail, ("read", "fail"): read_fail, ("append", "ok"): append_ok,
-                ("stream_read", "ok"): stream_read_ok, ("fault", "fail"): fault_fail}
+                ("stream_read", "ok"): stream_read_ok, ("fault", "fail"): fault_fail,
+                ("fault", "ok"): fault_ok}
 
     # -- at the end ------------------------------------------------------------------
     def finish(self) -> VerifyReport:
@@ -297,9 +311,18 @@ class _Checker:
             for (stream, txid), line in self.appends_acked.items():
                 if (stream, txid) not in self.final_txids:
                     self.anomaly("lost", None, None, f"stream {stream} txid {txid}: acknowledged, not read back", line)
+        self.stall_per_step()
         self.r.ledgers = len(self.ledgers)
         self.r.anomalies.sort(key=lambda a: a.line)
         return self.r
+
+    def stall_per_step(self) -> None:
+        """Each fault step's longest stall: of the waits that overlapped it (inject to heal)."""
+        for step in self.r.fault_steps:
+            start, end = step["inject_s"], step["healed_s"]
+            end = end if end is not None else float("inf")
+            step["longest_stall_s"] = round(max((b - a for a, b in self.stalls if a <= end and b >= start),
+                                                default=0.0), 3)
 
     def lost_in(self, ledger: int, acked: dict[int, int]) -> None:
         read_ids = self.final_read.get(ledger)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import random
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -400,9 +401,15 @@ async def run_verify(metadata_uri: str, options: WorkloadOptions, *, history_pat
                      faults: FaultExecutor | None = None, fault_steps: list[FaultStep] | None = None,
                      state: WorkloadState | None = None, client: dict[str, Any] | None = None) -> VerifyReport:
     """Run the workload for options.seconds under the fault steps, read everything back, and
-    check the history (written to history_path, else kept in memory)."""
+    check the history (written to history_path, else to a temporary file removed after)."""
     opts = options.validate()
     state = state or WorkloadState()
+    if history_path is None:  # a file all the same: a long run's history does not fit in memory
+        with tempfile.TemporaryDirectory(prefix="bk-verify-") as tmp:
+            report = await run_verify(metadata_uri, opts, history_path=Path(tmp) / "history.jsonl", faults=faults,
+                                      fault_steps=fault_steps, state=state, client=client)
+        report.history = None
+        return report
     t0 = time.monotonic()
     with History(history_path) as hist:
         run = _Run(metadata_uri, opts, hist, state, dict(client or {}))
@@ -413,10 +420,10 @@ async def run_verify(metadata_uri: str, options: WorkloadOptions, *, history_pat
             state.stopping.set()
             hist.record("run", "info", "end")
     started = time.monotonic()
-    report = check_history(read_history(history_path) if history_path else hist.records)
+    report = check_history(read_history(history_path))
     report.check_seconds = time.monotonic() - started
     report.seconds = time.monotonic() - t0
-    report.history = str(history_path) if history_path else None
+    report.history = str(history_path)
     return report
 
 
