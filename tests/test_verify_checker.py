@@ -9,7 +9,6 @@ never backwards), 3 (recovery closes at a point every reader agrees on); docs/op
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -17,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from bookkeeper.cli.common import UsageError
-from bookkeeper.cli.verify import add_verify_parsers
+from bookkeeper.cli.main import main
 from bookkeeper.verify import ANOMALY_KINDS, History, check_history, fault_schedule, read_history
 from bookkeeper.verify.history import digest, payload
 from bookkeeper.verify.nemesis import parse_kinds
-from bookkeeper.verify.workload import parse_ensembles
+from bookkeeper.errors import BookieUnavailableError, NoSuchEntryError
+from bookkeeper.verify.workload import NON_RETRIABLE_TRIES, parse_ensembles, try_again
 
 L = 7  # the ledger of the hand-written histories
 
@@ -105,7 +104,8 @@ def test_lost_when_the_read_back_failed() -> None:
     h.add("final", "invoke", "recover", ledger_id=L)
     h.add("final", "fail", "recover", ledger_id=L, error="BookieUnavailableError: gone")
     assert kinds(h) == [("lost", L, 0, acks[0]), ("lost", L, 1, acks[1])]
-    assert "BookieUnavailableError" in check_history(h.records).anomalies[0].detail
+    detail = check_history(h.records).anomalies[0].detail
+    assert detail.startswith("whole ledger") and "BookieUnavailableError" in detail
 
 
 def test_unexpected_content() -> None:
@@ -255,6 +255,16 @@ def test_longest_stall_per_fault_step() -> None:
         (0, 2.0, 3.0, 3.0), (1, 10.0, 11.0, 0.0)]
 
 
+@pytest.mark.parametrize(("err", "tries", "now", "again"), [
+    (BookieUnavailableError("down"), 50, 10.0, True),    # the cluster may heal: until the deadline
+    (BookieUnavailableError("down"), 1, 100.0, False),   # past the deadline
+    (NoSuchEntryError("gone"), NON_RETRIABLE_TRIES - 1, 10.0, True),
+    (NoSuchEntryError("gone"), NON_RETRIABLE_TRIES, 10.0, False),  # trying again will not help
+])
+def test_the_read_back_tries_again_while_it_may_help(err: Exception, tries: int, now: float, again: bool) -> None:
+    assert try_again(err, tries, 60.0, now=now) is again  # type: ignore[arg-type]
+
+
 def test_every_kind_has_a_history_here() -> None:
     """ANOMALY_KINDS is what docs/operations.md lists; each is produced by a test above."""
     assert set(ANOMALY_KINDS) == {"lost", "unexpected", "divergent", "ack_past_end", "lac_regression",
@@ -281,14 +291,12 @@ def test_history_file_round_trip_and_schedule(tmp_path: Path) -> None:
         parse_kinds("kill,explode", ("kill",))
 
 
-def bk_verify(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """`bk verify ...` through the module's own parsers (as main.py wires them)."""
-    common = argparse.ArgumentParser(add_help=False)
-    p = argparse.ArgumentParser(prog="bk", parents=[common])
-    add_verify_parsers(p.add_subparsers(dest="command", required=True), common)
-    args = p.parse_args(["verify", *argv])
-    code = args.func(args)
-    return code, capsys.readouterr().out
+def bk_verify(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`bk verify ...` in this process: exit code, stdout, stderr."""
+    capsys.readouterr()
+    code = main(["verify", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def _file(tmp_path: Path, h: H) -> Path:
@@ -301,16 +309,16 @@ def test_bk_verify_check_exit_codes_and_json(tmp_path: Path, capsys: pytest.Capt
     h = H()
     h.written(3)
     h.final(2, [(0, [v(0), v(1), v(2)])])
-    code, text = bk_verify(["check", str(_file(tmp_path, h))], capsys)
+    code, text, _ = bk_verify(["check", str(_file(tmp_path, h))], capsys)
     assert code == 0 and "anomalies" in text
 
     h = H()
     acks = h.written(3)
     h.final(2, [(0, [v(0)]), (2, [v(2)])])
     path = _file(tmp_path, h)
-    code, text = bk_verify(["check", str(path)], capsys)
+    code, text, _ = bk_verify(["check", str(path)], capsys)
     assert code == 1 and "lost" in text and str(acks[1]) in text
-    code, text = bk_verify(["check", str(path), "--json"], capsys)
+    code, text, _ = bk_verify(["check", str(path), "--json"], capsys)
     out = json.loads(text)
     assert code == 1 and {"ops", "acked", "anomalies", "longest_stall_s"} <= out.keys()
     assert out["anomalies"] == [{"kind": "lost", "ledger_id": L, "entry_id": 1, "line": acks[1],
@@ -326,14 +334,15 @@ def test_bk_verify_check_exit_codes_and_json(tmp_path: Path, capsys: pytest.Capt
     clean.add("nemesis", "fail", "fault", kind="kill", phase="inject", step=0, target=1, error="exit 1")
     assert bk_verify(["check", str(_file(tmp_path, clean))], capsys)[0] == 3
 
-    (tmp_path / "bad.jsonl").write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\nnot json\n')
-    with pytest.raises(UsageError, match="bad.jsonl:2: not JSON"):
-        bk_verify(["check", str(tmp_path / "bad.jsonl")], capsys)
-    (tmp_path / "bad.jsonl").write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\n')
-    with pytest.raises(UsageError, match="line 1: not a history record"):
-        bk_verify(["check", str(tmp_path / "bad.jsonl")], capsys)
-    with pytest.raises(UsageError, match="no history file"):
-        bk_verify(["check", str(tmp_path / "missing.jsonl")], capsys)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\nnot json\n')
+    code, _, err = bk_verify(["check", str(bad)], capsys)
+    assert code == 2 and "bad.jsonl:2: not JSON" in err
+    bad.write_text('{"i": 0, "type": "ok", "f": "add", "proc": "w0"}\n')
+    code, _, err = bk_verify(["check", str(bad)], capsys)
+    assert code == 2 and "line 1: not a history record" in err
+    code, _, err = bk_verify(["check", str(tmp_path / "missing.jsonl")], capsys)
+    assert code == 2 and "no history file" in err
 
 
 def test_checker_speed_per_million_operations() -> None:

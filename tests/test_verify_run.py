@@ -8,14 +8,13 @@ Reference: issue 24 items 4 and 5; docs/operations.md, "Checking a cluster".
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bookkeeper.cli.verify import add_verify_parsers
+from bookkeeper.cli.main import main
 from bookkeeper.verify import read_history
 from bookkeeper.verify.local import DEFAULT_KINDS, GAP_S, HOLD_S
 from bookkeeper.verify.nemesis import fault_schedule
@@ -27,15 +26,11 @@ SECONDS = 24.0
 
 
 def bk_verify(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    """`bk verify ... --json` through the module's parsers (as main.py wires them): exit code, JSON."""
-    common = argparse.ArgumentParser(add_help=False)
-    p = argparse.ArgumentParser(prog="bk", parents=[common])
-    add_verify_parsers(p.add_subparsers(dest="command", required=True), common)
-    args = p.parse_args(["verify", *argv, "--json"])
+    """`bk verify ... --json` in this process (its cluster is stopped by the command itself,
+    also on failure): exit code, the JSON report."""
     capsys.readouterr()  # what the test printed before
-    code = args.func(args)
-    out = capsys.readouterr().out
-    return code, json.loads(out)
+    code = main(["verify", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
 
 
 def test_local_run_under_every_fault_kind_has_no_anomaly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -64,9 +59,9 @@ def test_local_run_under_every_fault_kind_has_no_anomaly(tmp_path: Path, capsys:
 def test_ack_before_sync_loses_acknowledged_entries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Bookies that acknowledge before their journal syncs, whole ensembles killed -9: the run
     must exit non-zero and name lost entries by ledger and entry id."""
-    code, report = bk_verify(["local", "--bookies", "4", "--seconds", "12", "--dir", str(tmp_path), "--seed", "1",
-                              "--test-ack-before-sync", "--fault-kinds", "ensemble_kill", "--streams", "0",
-                              "--tailers", "0", "--no-takeovers"], capsys)
+    code, report = bk_verify(["local", "--bookies", "4", "--seconds", "10", "--dir", str(tmp_path), "--seed", "1",
+                              "--test-ack-before-sync", "--fault-kinds", "ensemble_kill", "--writers", "2",
+                              "--streams", "0", "--tailers", "0", "--no-takeovers"], capsys)
     lost = [a for a in report["anomalies"] if a["kind"] == "lost"]
     with capsys.disabled():
         print(f"acked={report['acked']} lost={len(lost)} first={lost[:3]}")

@@ -86,10 +86,8 @@ class VerifyReport:
         return out
 
 
-def _where(entry_id: int, read_ids: set[int] | None) -> str:
+def _where(entry_id: int, read_ids: set[int]) -> str:
     """start, middle or end: where an unreadable entry sits among the ones read back."""
-    if not read_ids:
-        return "end" if entry_id > 0 else "start"
     if entry_id > max(read_ids):
         return "end"
     return "start" if entry_id < min(read_ids) else "middle"
@@ -331,7 +329,7 @@ class _Checker:
         for entry, line in sorted(acked.items()):
             if read_ids is not None and entry in read_ids:
                 continue
-            where = _where(entry, read_ids)
+            where = _where(entry, read_ids) if read_ids else "whole ledger"  # nothing of it read back
             if end is not None and entry > end[0]:
                 detail = f"{where}: acknowledged, past the recovered end {end[0]}"
             elif why is not None:

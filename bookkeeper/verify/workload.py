@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bookkeeper.client import BookKeeper, WriteHandle
+from bookkeeper.client import BookKeeper, ReadHandle, WriteHandle
 from bookkeeper.errors import BKError, NoSuchLedgerError
 from bookkeeper.stream import Namespace
 from bookkeeper.verify.checker import VerifyReport, check_history
@@ -41,6 +41,7 @@ STALL_LIMIT_S = 120.0   # an add outstanding this long: the writer gives the led
 READ_CHUNK = 500        # entries per read record of the final read-back
 TAIL_FLUSH = 200        # entries per read record of a tailer
 BACKOFF_S = (0.1, 2.0)  # retry pauses: the first, the most
+NON_RETRIABLE_TRIES = 5  # of the read-back, for an error that says trying again will not help
 
 
 def parse_ensembles(text: str) -> list[tuple[int, int, int]]:
@@ -325,34 +326,50 @@ class _Run:
 
     # -- the end ---------------------------------------------------------------------
     async def read_back(self, bk: BookKeeper, lid: int, deadline: float) -> None:
-        """Recovery-open one ledger and read it all, retrying until `deadline`."""
+        """Recovery-open one ledger and read it all, trying again while the cluster heals."""
         rh = None
+        tries = 0
         while rh is None:
             self.h.record("final", "invoke", "recover", ledger_id=lid)
             try:
                 rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
             except BKError as err:
+                tries += 1
                 self.h.record("final", "fail", "recover", ledger_id=lid, error=_err(err))
-                if isinstance(err, NoSuchLedgerError) or time.monotonic() > deadline:
+                if isinstance(err, NoSuchLedgerError) or not try_again(err, tries, deadline):
                     return
                 await _healing(bk)
         end = rh.last_add_confirmed
         self.h.record("final", "ok", "recover", ledger_id=lid, end=end)
-        first = 0
-        while first <= end:
-            last = min(end, first + READ_CHUNK - 1)
-            self.h.record("final", "invoke", "read", ledger_id=lid, entry_id=first)
+        for first in range(0, end + 1, READ_CHUNK):
+            await self.read_chunk(bk, rh, first, min(end, first + READ_CHUNK - 1), deadline)
+
+    async def read_chunk(self, bk: BookKeeper, rh: ReadHandle, first: int, last: int, deadline: float) -> None:
+        """Entries first..last, tried again while the cluster heals; a chunk that still fails is
+        read entry by entry, so the history says exactly which entries could not be read."""
+        tries = 0
+        while True:
+            self.h.record("final", "invoke", "read", ledger_id=rh.ledger_id, entry_id=first)
             try:
                 entries = await rh.read(first, last)
             except BKError as err:
-                self.h.record("final", "fail", "read", ledger_id=lid, entry_id=first, error=_err(err))
-                if time.monotonic() > deadline:
-                    return
+                tries += 1
+                self.h.record("final", "fail", "read", ledger_id=rh.ledger_id, entry_id=first, error=_err(err))
+                if not try_again(err, tries, deadline):
+                    break
                 await _healing(bk)
                 continue
-            self.h.record("final", "ok", "read", ledger_id=lid, entry_id=first,
+            self.h.record("final", "ok", "read", ledger_id=rh.ledger_id, entry_id=first,
                           values=[digest(e.data) for e in entries])
-            first = last + 1
+            return
+        for entry_id in range(first, last + 1):
+            self.h.record("final", "invoke", "read", ledger_id=rh.ledger_id, entry_id=entry_id)
+            try:
+                entry = (await rh.read(entry_id, entry_id))[0]
+            except BKError as err:
+                self.h.record("final", "fail", "read", ledger_id=rh.ledger_id, entry_id=entry_id, error=_err(err))
+                continue
+            self.h.record("final", "ok", "read", ledger_id=rh.ledger_id, entry_id=entry_id, value=digest(entry.data))
 
     async def cleanup(self, bk: BookKeeper, ns: Namespace | None) -> None:
         """Delete what the run made (best effort: a user's cluster keeps no test data)."""
@@ -363,6 +380,18 @@ class _Run:
             for name in self.s.streams:
                 with contextlib.suppress(BKError):
                     await ns.delete_stream(name)
+
+
+def try_again(err: BKError, tries: int, deadline: float, *, now: float | None = None) -> bool:
+    """Whether the read-back tries once more after `tries` failures ending with `err`.
+
+    | err | until |
+    |---|---|
+    | retriable (a bookie or ZooKeeper away: the cluster may heal) | the deadline |
+    | not retriable (an entry missing from its whole write set, ...) | NON_RETRIABLE_TRIES tries, or the deadline |
+    """
+    now = time.monotonic() if now is None else now
+    return now < deadline and (err.retriable or tries < NON_RETRIABLE_TRIES)
 
 
 async def _healing(bk: BookKeeper) -> None:
