@@ -41,7 +41,7 @@ STALL_LIMIT_S = 120.0   # an add outstanding this long: the writer gives the led
 READ_CHUNK = 500        # entries per read record of the final read-back
 TAIL_FLUSH = 200        # entries per read record of a tailer
 BACKOFF_S = (0.1, 2.0)  # retry pauses: the first, the most
-NON_RETRIABLE_TRIES = 5  # of the read-back, for an error that says trying again will not help
+NON_RETRIABLE_TRIES = 3  # of the read-back, for an error that says trying again will not help
 
 
 def parse_ensembles(text: str) -> list[tuple[int, int, int]]:
