@@ -77,7 +77,8 @@ async def run_local(options: WorkloadOptions, *, bookies: int, directory: Path |
                     kinds: list[str] | None = None, ack_before_sync: bool = False, shards: int = 1) -> VerifyReport:
     """Start ZooKeeper and `bookies` bookies under `directory` (a temporary one, removed after,
     if None), run the workload under the seeded local faults, stop the cluster, and return the
-    checked report; the history is `directory`/history.jsonl."""
+    checked report; the history is `directory`/history.jsonl, the cluster `directory`/cluster
+    (kept only after an anomaly or a failed fault step, removed at the next run's start)."""
     kinds = list(kinds or (*DEFAULT_KINDS, *(("ensemble_kill",) if ack_before_sync else ())))
     unknown = [k for k in kinds if k not in LOCAL_KINDS]
     if unknown:
@@ -87,15 +88,19 @@ async def run_local(options: WorkloadOptions, *, bookies: int, directory: Path |
     temp = directory is None
     root = Path(tempfile.mkdtemp(prefix="bk-verify-")) if directory is None else directory
     root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(root / "cluster", ignore_errors=True)  # an earlier run's: its data would be taken for ours
     cluster = LocalCluster(root / "cluster", bookies=bookies, shards=shards,
                            bookie_conf={"zk_session_timeout_ms": int(SESSION_TIMEOUT_S * 1000)},
                            bookie_env=ACK_BEFORE_SYNC_ENV if ack_before_sync else None)
+    keep_cluster = True
     try:
         cluster.start()
         state = WorkloadState()
         steps = fault_schedule(options.seed, kinds, seconds=options.seconds, hold_s=HOLD_S, gap_s=GAP_S)
         report = await run_verify(cluster.metadata_uri, options, history_path=root / "history.jsonl",
                                   faults=LocalFaults(cluster, state), fault_steps=steps, state=state)
+        # The bookies' data and logs (hundreds of MB after three minutes) only help explain a failure.
+        keep_cluster = bool(report.anomalies or report.fault_errors)
         if temp:
             report.history = None  # removed with the directory below
         return report
@@ -103,3 +108,5 @@ async def run_local(options: WorkloadOptions, *, bookies: int, directory: Path |
         cluster.stop()
         if temp:
             shutil.rmtree(root, ignore_errors=True)
+        elif not keep_cluster:
+            shutil.rmtree(root / "cluster", ignore_errors=True)
