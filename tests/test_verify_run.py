@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bookkeeper.cli.main import main
+from bookkeeper.testing.cluster import LocalCluster
 from bookkeeper.verify import read_history
 from bookkeeper.verify.local import DEFAULT_KINDS, GAP_S, HOLD_S
 from bookkeeper.verify.nemesis import fault_schedule
@@ -59,7 +60,7 @@ def test_local_run_under_every_fault_kind_has_no_anomaly(tmp_path: Path, capsys:
 def test_ack_before_sync_loses_acknowledged_entries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Bookies that acknowledge before their journal syncs, whole ensembles killed -9: the run
     must exit non-zero and name lost entries by ledger and entry id."""
-    code, report = bk_verify(["local", "--bookies", "4", "--seconds", "10", "--dir", str(tmp_path), "--seed", "1",
+    code, report = bk_verify(["local", "--bookies", "4", "--seconds", "8", "--dir", str(tmp_path), "--seed", "1",
                               "--test-ack-before-sync", "--fault-kinds", "ensemble_kill", "--writers", "2",
                               "--streams", "0", "--tailers", "0", "--no-takeovers"], capsys)
     lost = [a for a in report["anomalies"] if a["kind"] == "lost"]
@@ -67,3 +68,26 @@ def test_ack_before_sync_loses_acknowledged_entries(tmp_path: Path, capsys: pyte
         print(f"acked={report['acked']} lost={len(lost)} first={lost[:3]}")
     assert code == 1
     assert lost and all(isinstance(a["ledger_id"], int) and isinstance(a["entry_id"], int) for a in lost)
+
+
+def test_run_drives_an_operators_fault_command(cluster5: LocalCluster, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`bk verify run --faults CMD` against a running cluster (the suite's shared one: these
+    faults only write a log): CMD runs once per phase of each seeded step with the step in its
+    environment; a failing CMD is reported (exit 3) and ends the schedule."""
+    log = tmp_path / "faults.log"
+    cmd = f'echo "$BK_VERIFY_STEP $BK_VERIFY_FAULT $BK_VERIFY_PHASE $BK_VERIFY_TARGET $BK_VERIFY_SEED" >> {log}'
+    common = ["run", "--uri", cluster5.metadata_uri, "--seconds", "6", "--writers", "1", "--ensembles", "3/2/2",
+              "--tailers", "0", "--streams", "0", "--seed", "3", "--fault-kinds", "kill,stop",
+              "--fault-hold", "0.5-1"]
+    code, report = bk_verify([*common, "--faults", cmd, "--history", str(tmp_path / "h.jsonl")], capsys)
+    assert code == 0 and report["anomalies"] == [] and report["fault_errors"] == [], report
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert len(lines) >= 2 and len(lines) == 2 * report["faults"]
+    assert [(s, p) for s, _, p, _, _ in lines] == [(str(n // 2), ("inject", "heal")[n % 2]) for n in range(len(lines))]
+    assert {k for _, k, _, _, _ in lines} <= {"kill", "stop"} and {seed for *_, seed in lines} == {"3"}
+    assert report["history"] == str(tmp_path / "h.jsonl")
+    short = [*common[:4], "3", *common[5:]]
+    code, report = bk_verify([*short, "--faults", "echo no such host >&2; exit 7"], capsys)
+    assert code == 3 and report["anomalies"] == [] and report["faults"] == 1, report
+    assert report["fault_errors"][0].startswith("step 0 ") and "exited with 7: no such host" in report["fault_errors"][0]
