@@ -428,14 +428,6 @@ def test_rolling_upgrade_to_the_new_wheel_under_load(cluster: Cluster) -> None:
         assert cluster.supervisor_pid(b, "bookie") not in (0, before[b]), b
 
 
-# Found by this test; remove the xfail above once bookkeeper/stream/writer.py is fixed.
-STREAM_LOCK_DEFECT = (
-    "known defect: kazoo fires every data watch with EventType.NONE (state CONNECTING) when its "
-    "connection drops, and the stream writer's lock watch (_on_lock_event) takes that for an expired "
-    "session: a stream writer connected to the killed ZooKeeper server fails with StreamLockLostError "
-    "although its session lives on")
-
-
 def test_zookeeper_leader_killed_and_back_under_load(cluster: Cluster) -> None:
     """The quorum's leader host loses its processes (ZooKeeper and its supervisord) under the
     load; the two others elect a leader, the writers go on; its supervisord started again
@@ -456,12 +448,7 @@ def test_zookeeper_leader_killed_and_back_under_load(cluster: Cluster) -> None:
                    every_s=1)
         _step(f"ZooKeeper {leader} back", started)
 
-    try:
-        cluster.under_load("ZooKeeper leader kill", fault)
-    except AssertionError as e:
-        if "StreamLockLostError" in str(e) or "so the lock is gone" in str(e):
-            pytest.xfail(STREAM_LOCK_DEFECT)
-        raise
+    cluster.under_load("ZooKeeper leader kill", fault)
 
 
 def test_partition_of_a_bookie_host_drop_then_reset_under_load(cluster: Cluster) -> None:

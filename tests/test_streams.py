@@ -186,6 +186,45 @@ def test_writer_whose_zookeeper_session_expires_stops_writing(cluster) -> None:
     run(main())
 
 
+def test_writer_rides_through_a_zookeeper_restart_and_still_sees_a_takeover(cluster) -> None:
+    """ZooKeeper restarts under a writer (its connection drops, its session lives on): kazoo
+    drops every watch then, firing each with EventType.NONE; the writer is not stopped by that
+    (it was: StreamLockLostError "session expired", found by the multi-host leader kill) and
+    watches its lock again once connected, so a later takeover still stops it at once."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("zk-restart")
+            w1 = await ns.open_writer("zk-restart")
+            await w1.write(b"before")
+            loop = asyncio.get_running_loop()
+            states: list[str] = []
+            back = asyncio.Event()
+
+            def on_state(state: str) -> None:
+                states.append(state)
+                if state == "CONNECTED" and "SUSPENDED" in states:
+                    loop.call_soon_threadsafe(back.set)
+            ns.bk.store.zk.add_listener(on_state)
+            await loop.run_in_executor(None, cluster.restart_zookeeper, 1.0)
+            await asyncio.wait_for(back.wait(), 60)
+            assert "LOST" not in states, states
+            await w1.write(b"after")
+            async with await ns_of(cluster) as other:
+                w2 = await other.open_writer("zk-restart")
+                await w2.write(b"taken over")
+                for _ in range(100):  # the re-set watch fires on the old lock node's deletion
+                    if w1._error is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                with pytest.raises(errors.StreamLockLostError, match="another writer took over"):
+                    await w1.write(b"lost")
+                await w1.close()
+                await w2.close()
+            assert [r.data for r in await read_all(ns, "zk-restart")] == [b"before", b"after", b"taken over"]
+    run(main())
+    cluster.wait_sessions_live()
+
+
 def _start_writer(cluster: LocalCluster, stream: str, limit: int = 100_000) -> subprocess.Popen:
     """Create the stream in namespace "failover", then start tests/stream_writer_proc.py on it."""
     async def make() -> None:

@@ -148,6 +148,7 @@ class StreamWriter:
         self._waiting_room = False
         self._rolling: asyncio.Task[None] | None = None
         self._suspended = False
+        self._rewatch = False  # the lock watch was dropped with a connection: set it again when connected
         self._error: BKError | None = None
         self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
@@ -204,15 +205,41 @@ class StreamWriter:
         return call
 
     def _on_lock_event(self, event: WatchedEvent) -> None:
-        """kazoo thread: the lock node was deleted (a takeover) or the session ended."""
+        """kazoo thread: the lock node was deleted (a takeover), the session ended, or the
+        connection dropped. On a dropped connection kazoo drops every watch, firing each with
+        EventType.NONE in state CONNECTING; the session (and so the lock) may live on at
+        another server: the watch is set again once connected, not taken for a lost lock."""
         if event.type == EventType.DELETED:
             why = "another writer took over (this writer's lock node is gone)"
+        elif event.type == EventType.NONE and event.state == KeeperState.CONNECTING:
+            self._loop.call_soon_threadsafe(self._lock_watch_dropped)
+            return
         elif event.state in (KeeperState.EXPIRED_SESSION, KeeperState.AUTH_FAILED) or event.type == EventType.NONE:
             why = "the ZooKeeper session expired, so the lock is gone and another writer may own the stream"
         else:
             return  # a change of the node's data: not ours to act on
         err = StreamLockLostError(f"stream {self.name!r}: {why}; this writer writes no more")
         self._loop.call_soon_threadsafe(self._lock_lost, err)
+
+    def _lock_watch_dropped(self) -> None:
+        self._rewatch = True
+        if not self._suspended:  # connected again before this ran
+            self._spawn(self._watch_lock_again())
+
+    async def _watch_lock_again(self) -> None:
+        """The lock watch again after a reconnect: a lock node gone meanwhile (the session
+        expired, or another writer took over) ends this writer, as the watch would have."""
+        if not self._rewatch or self._closed or self._error is not None:
+            return
+        self._rewatch = False
+        try:
+            watching = await self._ns.bk.metadata_call(self._ns.store.lock_watch, self._lock_node, self._on_lock_event)
+        except BKError:
+            self._rewatch = True  # disconnected again: the next reconnect tries again
+            return
+        if not watching:
+            self._lock_lost(StreamLockLostError(f"stream {self.name!r}: this writer's lock node vanished while "
+                                                f"ZooKeeper was unreachable; this writer writes no more"))
 
     def _lock_lost(self, err: StreamLockLostError) -> None:
         if not self._closed:
@@ -231,6 +258,8 @@ class StreamWriter:
         """While ZooKeeper is unreachable no set is sent: the session may be expiring."""
         self._suspended = suspended
         if not suspended:
+            if self._rewatch:
+                self._spawn(self._watch_lock_again())
             self._maybe_seal()
 
     async def _start_segment(self) -> None:
