@@ -3,6 +3,7 @@ from this interpreter's venv with a fixed environment."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,3 +26,24 @@ def ansible_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "true", "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_RETRY_FILES_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+
+
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def failures(output: str) -> str:
+    """Each failed task of a playbook's output with its TASK header, so a CI log that keeps only
+    the head of a long assertion still shows why it failed."""
+    task, out = "", []
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith(("fatal:", "failed:")) or "FAILED!" in line:
+            out.extend([task, line[:2000]])
+    return "\n".join(out) or "(none reported)"
+
+
+def recap(output: str) -> dict[str, tuple[int, int, int]]:
+    """PLAY RECAP: host -> (changed, unreachable, failed)."""
+    tail = output[output.rindex("PLAY RECAP"):]
+    return {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in RECAP.finditer(tail)}

@@ -19,7 +19,6 @@ supervisor explicitly, so that they never install units into the host's systemd.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -40,16 +39,13 @@ from bookkeeper import DigestType
 from bookkeeper.bookie.admin_client import AdminHTTPError, admin_request
 from bookkeeper.errors import AuthenticationError
 from bookkeeper.testing.cluster import children_of, free_port_block
-from tests.ansible_tools import ANSIBLE_DIR, VENV_BIN, ansible_env, tool
+from tests.ansible_tools import ANSIBLE_DIR, VENV_BIN, ansible_env, failures, recap, tool
 
 # A hang guard, not a performance bound: a first site.yml takes ~100 s alone on two cores and
 # 300-450 s beside the fault harness and a third test worker under `make test`.
 PLAYBOOK_TIMEOUT_S = 900
 pytestmark = [pytest.mark.slow, pytest.mark.runtime(300), pytest.mark.timeout(PLAYBOOK_TIMEOUT_S + 120)]
 BOOKIES = ("bookie1", "bookie2", "bookie3")
-RECAP = re.compile(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
-
-
 
 # -- the local deployment -----------------------------------------------------------
 
@@ -150,24 +146,6 @@ class Deployment:
             except OSError:
                 continue
         return alive
-
-
-def failures(output: str) -> str:
-    """Each failed task of a playbook's output with its TASK header, so a CI log that keeps only
-    the head of a long assertion still shows why it failed."""
-    task, out = "", []
-    for line in output.splitlines():
-        if line.startswith("TASK ["):
-            task = line
-        elif line.startswith(("fatal:", "failed:")) or "FAILED!" in line:
-            out.extend([task, line[:2000]])
-    return "\n".join(out) or "(none reported)"
-
-
-def recap(output: str) -> dict[str, tuple[int, int, int]]:
-    """PLAY RECAP: host -> (changed, unreachable, failed)."""
-    tail = output[output.rindex("PLAY RECAP"):]
-    return {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in RECAP.finditer(tail)}
 
 
 @pytest.fixture(scope="module")

@@ -46,9 +46,8 @@ import pytest
 
 from bookkeeper.testing.hosts import Host, TestHosts, namespaces_unavailable
 from bookkeeper.testing.waiting import wait_until
-from tests.ansible_tools import ANSIBLE_DIR, ansible_env, tool
+from tests.ansible_tools import ANSIBLE_DIR, ansible_env, failures, recap, tool
 from tests.conftest import REPO
-from tests.test_ansible import failures, recap
 
 REASON = namespaces_unavailable()
 # A hang guard per playbook, not a performance bound. The module took 13.5 min on two cores
