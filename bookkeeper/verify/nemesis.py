@@ -115,17 +115,22 @@ async def run_nemesis(history: History, steps: list[FaultStep], executor: FaultE
     """Run the steps at their offsets (from history's start; a step that starts late, after a
     slow one, starts at once) until done, `stopping` is set, or a step fails. A step under way
     runs whole, held and healed, also when the run stops meanwhile: a fault cut short is not
-    the fault planned (a session expiry needs its hold), and the read-back needs the cluster whole."""
+    the fault planned (a session expiry needs its hold), and the read-back needs the cluster whole.
+    Cancelled (Ctrl-C), it still heals the step under way before it ends: a ZooKeeper left
+    stopped would hang every client waiting on it, and leave the operator's cluster hurt."""
     for step in steps:
         if stopping.is_set():
             return
         delay = step.at_s - history.elapsed_s
         if delay > 0 and await _stopped(stopping, delay):
             return
-        ok = await _phase(history, executor, step, "inject")
-        if ok:
-            await asyncio.sleep(step.hold_s)
-        healed = await _phase(history, executor, step, "heal")
+        ok = False
+        try:
+            ok = await _phase(history, executor, step, "inject")
+            if ok:
+                await asyncio.sleep(step.hold_s)
+        finally:
+            healed = await asyncio.shield(_phase(history, executor, step, "heal"))
         if not (ok and healed):
             return
 
