@@ -19,10 +19,11 @@ must not touch its network. ``TestHosts`` makes them out of namespaces:
   under ``/run/bk-test-hosts/mnt``, which is bind-mounted onto itself and made private once, as
   the kernel requires for a namespace file) in which every ``private_paths`` entry is
   bind-mounted from ``workdir/<name>/<path>``: hosts writing ``/srv/...`` never see each other's
-  files. A private path missing on the machine is created (``mkdir -p``) first. The workdir itself
-  stays visible at its own path on every host, even when it lies under a private path such as
-  ``/tmp``, so the fixture's key and ssh_config (and a test's artefacts) can be passed by path,
-  like a shared file system. The netns files copied into a new mount namespace are unmounted in
+  files. A private path missing on the machine is created (``mkdir -p``) first. The workdir, the
+  Python the hosts run (its venv and base prefix) and the source tree stay visible at their own
+  paths on every host, even when they lie under a private path such as ``/tmp`` (a checkout in
+  /tmp, pytest's tmp dirs), so the fixture's key and ssh_config, a test's artefacts and the
+  programs can be passed by path, like a shared file system. The netns files copied into a new mount namespace are unmounted in
   it, so a host never pins another run's namespaces.
 * **Names.** Each host has a UTS namespace whose hostname is its name, and an ``/etc/hosts``
   (bound from ``workdir/_hosts/etc_hosts``) naming every host with its address, so software
@@ -207,7 +208,7 @@ def _remove_run(prefix: str) -> None:
         mnt.unlink(missing_ok=True)
     for ns in namespaces:
         _sh(["ip", "netns", "delete", ns], check=False)
-    for stash in STATE_DIR.glob(f"{prefix}-*.workdir"):  # left by a run killed mid-setup
+    for stash in STATE_DIR.glob(f"{prefix}-*.keep*"):  # left by a run killed mid-setup
         with contextlib.suppress(OSError):
             stash.rmdir()
 
@@ -597,14 +598,19 @@ class TestHosts:
             *(f"mount --bind {q(str(self.shell_rc))} {q(str(rc))}" for rc in _root_shell_rcs()),
         ]
         binds = [f"mount --bind {q(str(host.backing_dir(p)))} {q(p)}" for p in self.private_paths]
-        if not any(self.workdir == Path(p) or Path(p) in self.workdir.parents
-                   for p in self.private_paths):
-            return "\n".join(script + binds)
-        # A private path covers the workdir: set it aside first, then put it back over the
-        # private directory, so the workdir stays the same shared directory on every host.
-        stash, workdir = q(str(STATE_DIR / f"{host.netns}.workdir")), q(str(self.workdir))
-        return "\n".join([*script, f"mkdir -p {stash}", f"mount --bind {workdir} {stash}", *binds,
-                          f"mkdir -p {workdir}", f"mount --move {stash} {workdir}", f"rmdir {stash}"])
+        # A private path that covers a shared directory: set that aside first, then put it back
+        # over the private directory, so it stays the same shared directory on every host.
+        kept = [(q(str(STATE_DIR / f"{host.netns}.keep{i}")), q(str(d)))
+                for i, d in enumerate(shared_under(self.private_paths, self._shared_dirs()))]
+        aside = [line for stash, d in kept for line in (f"mkdir -p {stash}", f"mount --bind {d} {stash}")]
+        back = [line for stash, d in kept for line in (f"mkdir -p {d}", f"mount --move {stash} {d}", f"rmdir {stash}")]
+        return "\n".join([*script, *aside, *binds, *back])
+
+    def _shared_dirs(self) -> list[Path]:
+        """What every host must see as the machine has it: the workdir, the Python the hosts
+        run, the source tree the tests and programs come from."""
+        source = Path(__file__).resolve().parents[2]
+        return [self.workdir, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), source]
 
     def _write_ssh_config(self) -> None:
         blocks = [f"Host {h.name}\n  HostName {h.address}\n" for h in self]
@@ -668,13 +674,26 @@ def _check_names(names: list[str]) -> None:
                              f"with a letter, at most 32 characters, not 'br'")
 
 
+def shared_under(private_paths: tuple[str, ...], shared: list[Path]) -> list[Path]:
+    """The shared directories a private path would hide (at or under it), outermost only: one
+    inside another comes back with it.
+
+    | private | shared                     | kept    |
+    | /tmp    | /tmp/w, /tmp/w/venv, /opt  | /tmp/w  |
+    | /srv    | /tmp/w                     | (none)  |
+    | /tmp/w  | /tmp/w                     | /tmp/w  |
+    """
+    hidden = sorted({d for d in shared for p in map(Path, private_paths) if p == d or p in d.parents})
+    return [d for d in hidden if not any(o in d.parents for o in hidden)]
+
+
 def _check_private_paths(paths: tuple[str, ...]) -> None:
     """A private path may be any directory but one whose hiding would break every host."""
     for path in paths:
         p = Path(path)
         if not p.is_absolute() or p == Path("/") or ".." in p.parts:
             raise ValueError(f"private path {path!r} must be an absolute directory other than /")
-        needed = [*map(Path, SYSTEM_DIRS), STATE_DIR, Path(sys.prefix), Path(sys.base_prefix)]
+        needed = [*map(Path, SYSTEM_DIRS), STATE_DIR]
         hidden = [n for n in needed if n == p or p in n.parents]
         if hidden:
             raise ValueError(f"private path {path!r} would hide {hidden[0]}, which the hosts "
