@@ -462,11 +462,11 @@ async def _run_all(run: _Run, faults: FaultExecutor | None, steps: list[FaultSte
     others_bk = await run.connect(o.seed * 4 + 2)
     ns = await Namespace.connect(run.uri, NAMESPACE, password=PASSWORD, **run.client) if o.streams else None
     try:
-        for n in range(o.streams):
-            name = f"verify-{run.nonce}-{n}"
-            assert ns is not None
-            await ns.create_stream(name)
-            s.streams.append(name)
+        if ns is not None:
+            for n in range(o.streams):
+                name = f"verify-{run.nonce}-{n}"
+                await ns.create_stream(name)
+                s.streams.append(name)
         writers = [asyncio.create_task(run.writer(writers_bk, n)) for n in range(o.writers)]
         readers = [asyncio.create_task(run.tailer(others_bk, n)) for n in range(o.tailers)]
         if o.takeovers:
