@@ -263,10 +263,9 @@ class BookKeeper:
         if digest is not None and DigestType(digest) is not md.digest:
             raise DigestMismatchError(f"ledger {ledger_id} uses digest {md.digest.value}, not "
                                       f"{DigestType(digest).value}")
-        if not md.is_closed:
-            await self._current_bookies()
-            if recovery:
-                md = await recover(self, md, password)
+        await self._current_bookies()  # a closed ledger's reads need current registrations too
+        if not md.is_closed and recovery:
+            md = await recover(self, md, password)
         handle = ReadHandle(self, md, password, md.last_entry_id)
         if not md.is_closed:
             await handle.read_last_add_confirmed()
