@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bookkeeper.testing.cluster import LocalBookie, LocalCluster
 from bookkeeper.testing.faults import heal_bookie_fault, inject_bookie_fault, zookeeper_start, zookeeper_stop
+from bookkeeper.testing_switches import ACK_BEFORE_SYNC, ENV
 from bookkeeper.verify.checker import VerifyReport
 from bookkeeper.verify.nemesis import FaultError, FaultStep, fault_schedule
 from bookkeeper.verify.workload import WorkloadOptions, WorkloadState, run_verify
@@ -31,7 +32,7 @@ HOLD_S = {"kill": (0.5, 2.0), "hang": (0.5, SESSION_TIMEOUT_S * 0.6), "restart":
 # Between steps: short, since each local step already takes seconds beyond its hold (a bookie's
 # start and registration, ZooKeeper's JVM start), and a short run should still see every kind.
 GAP_S = (1.0, 2.5)
-ACK_BEFORE_SYNC_ENV = {"BK_TEST_SWITCHES": "ack_before_sync"}
+ACK_BEFORE_SYNC_ENV = {ENV: ACK_BEFORE_SYNC}
 
 
 class LocalFaults:
