@@ -12,7 +12,7 @@ import json
 import logging
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 from kazoo.exceptions import KazooException, ZookeeperError
@@ -122,8 +122,12 @@ class BookKeeper:
             self._watching = True
             await self.metadata_call(self.store.watch_bookies, self._bookies_changed)
         self._bookies_dirty = False  # before the reads: a change during them marks it again
-        writable = await self.metadata_call(self.store.get_bookies)
-        readonly = await self.metadata_call(functools.partial(self.store.get_bookies, readonly=True))
+        try:
+            writable = await self.metadata_call(self.store.get_bookies)
+            readonly = await self.metadata_call(functools.partial(self.store.get_bookies, readonly=True))
+        except BaseException:
+            self._bookies_dirty = True  # not read: the next look tries again
+            raise
         self._bookies = {**readonly, **writable}
         self.pool.invalidate_routes()
         self._writable = list(writable)
@@ -140,6 +144,19 @@ class BookKeeper:
         """The registrations as of the last change the watches reported."""
         if self._bookies_dirty:
             await self.refresh_bookies()
+
+    async def _bookies_for(self, ensembles: Iterable[list[str]]) -> None:
+        """Before a read: the registrations again only if the watch marked them stale and one of
+        the ledger's bookies is missing from the view (it restarted while the view was read, so
+        its reads would fail "not registered"). Reads need no ZooKeeper otherwise, and do not
+        wait for it: unreachable within the read timeout, the view as it is serves."""
+        if not self._bookies_dirty or all(b in self._bookies for ens in ensembles for b in ens):
+            return
+        try:
+            async with asyncio.timeout(self.config.read_timeout_s):
+                await self.refresh_bookies()
+        except (asyncio.TimeoutError, MetadataServiceError) as e:  # asyncio's: the builtin, not ours
+            log.info("registrations not re-read before a read (%s): routing by the last view", e)
 
     def _resolve(self, bookie_id: str) -> dict[str, Any] | None:
         return self._bookies.get(bookie_id)

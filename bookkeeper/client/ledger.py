@@ -342,9 +342,7 @@ class ReadHandle:
         if last > lac:
             raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({lac}) of ledger "
                                    f"{self.ledger_id}")
-        # Registrations changed since the last look (a bookie restarted): read them first, or a
-        # handle opened before would route by a view that lacks the bookie ("not registered").
-        await self._bk._current_bookies()
+        await self._bk._bookies_for(self.metadata.ensembles.values())
         window = self._bk.config.read_window
         out: list[LedgerEntry] = []
         for start in range(first, last + 1, window):
