@@ -357,3 +357,35 @@ def test_checker_speed_per_million_operations() -> None:
     took = time.perf_counter() - started
     assert report.ok and report.acked == n
     print(f"checker: {report.ops} ops in {took:.2f} s = {took / report.ops * 1e6:.2f} s per 10^6 operations")
+
+
+def test_an_interrupted_history_is_incomplete_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by review: a history cut before its read-back (Ctrl-C, a killed run) reported every
+    acknowledged entry `lost`, and left its streams unchecked without saying so. What was never
+    read back is now named as unchecked, and the exit code is 4, not 1; a stream that was read
+    back is still judged while another was not."""
+    h = H()
+    h.written(2, close=False)
+    _stream(h, 2, stream="a")
+    _stream(h, 1, stream="b")
+    h.add("final", "invoke", "stream_read", stream="a")
+    h.add("final", "ok", "stream_read", stream="a", txid=0, value="d0", position="1:0:0")
+    r = check_history(h.records)
+    assert [(a.kind, a.detail) for a in r.anomalies] == [("lost", "stream a txid 1: acknowledged, not read back")]
+    assert r.unchecked == [f"ledger {L}: 2 acknowledged, never read back", "stream b: 1 acknowledged, never read back"]
+    assert bk_verify(["check", str(_file(tmp_path, h))], capsys)[0] == 1  # the lost txid of stream a
+    cut = H()
+    cut.written(2, close=False)
+    code, out, _ = bk_verify(["check", str(_file(tmp_path, cut))], capsys)
+    assert code == 4 and f"incomplete: ledger {L}: 2 acknowledged, never read back" in out
+    assert bk_verify(["check", str(_file(tmp_path, H()))], capsys)[0] == 4  # nothing acknowledged
+
+
+def test_a_writer_still_waiting_at_the_end_stalled_until_the_end() -> None:
+    """Found by review: only a completion closed a stall, so a writer given up on at the end
+    (its add never answered) showed none."""
+    h = H()
+    h.add("w0", "invoke", "add", t=1.0, ledger_id=L, entry_id=0, value=v(0))
+    h.add("run", "info", "end", t=61.0)
+    r = check_history(h.records)
+    assert r.longest_stall_s == pytest.approx(60.0) and r.longest_stall_proc == "w0"

@@ -22,6 +22,7 @@ from bookkeeper.verify.nemesis import COMMAND_KINDS, DEFAULT_HOLD_S, CommandFaul
 from bookkeeper.verify.workload import WorkloadOptions, parse_ensembles, run_verify
 
 EXIT_FAULT_FAILED = 3
+EXIT_INCOMPLETE = 4  # nothing acknowledged, or something acknowledged never read back: nothing to judge
 SHOWN_ANOMALIES = 50
 # `local`'s pace: ZooKeeper, the bookies and the workload share this host's cores, and the
 # faults' restarts need some (over 3 minutes it is still 540,000 adds, past the bar of 300,000).
@@ -29,9 +30,13 @@ LOCAL_RATE = 3000.0  # printed in the table; --json has them all
 
 
 def exit_code(report: VerifyReport) -> int:
+    """1 anomalies, 3 a fault command failed, 4 the history cannot prove anything (nothing
+    acknowledged, or a ledger or stream never read back: an interrupted run), 0 clean."""
     if report.anomalies:
         return 1
-    return EXIT_FAULT_FAILED if report.fault_errors else 0
+    if report.fault_errors:
+        return EXIT_FAULT_FAILED
+    return EXIT_INCOMPLETE if report.acked == 0 or not report.complete else 0
 
 
 def print_report(report: VerifyReport, *, as_json: bool) -> int:
@@ -56,6 +61,10 @@ def print_report(report: VerifyReport, *, as_json: bool) -> int:
         out.print(f"writer error: {sample}")
     for err in report.fault_errors:
         out.print(f"fault step failed: {err}")
+    if report.acked == 0:
+        out.print("incomplete: nothing was acknowledged, so nothing was checked")
+    for what in report.unchecked[:SHOWN_ANOMALIES]:
+        out.print(f"incomplete: {what} (the run ended before its read-back: interrupted?)")
     if report.fault_steps:
         f = cli_table("step", "kind", "target", "injected", "healed", "longest stall", title="fault steps")
         for st in report.fault_steps:

@@ -65,6 +65,7 @@ class VerifyReport:
     faults: int = 0                  # fault steps injected
     fault_errors: list[str] = field(default_factory=list)
     fault_steps: list[dict[str, Any]] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # acknowledged ledgers/streams never read back
     seconds: float = 0.0             # the run's length (0 for an offline check)
     check_seconds: float = 0.0
     history: str | None = None
@@ -72,6 +73,12 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.anomalies
+
+    @property
+    def complete(self) -> bool:
+        """Every ledger and stream with an acknowledgement was read back: a history cut short
+        (an interrupted run) cannot say whether anything was lost, and says so."""
+        return not self.unchecked
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -118,8 +125,10 @@ class _Checker:
         self.stream_seen: dict[tuple[str, str], set[int]] = defaultdict(set)  # (reader, stream) -> txids
         self.stream_last: dict[tuple[str, str], int] = {}
         self.final_txids: set[tuple[str, int]] = set()
-        self.final_stream_read = False
+        self.final_streams: set[str] = set()   # streams whose read-back began
+        self.final_ledgers: set[int] = set()   # ledgers whose read-back began
         self.line = 0
+        self.last_t = 0.0
         self.stalls: list[tuple[float, float]] = []  # (from, to) of each wait past STALL_NOTED_S
 
     def anomaly(self, kind: str, ledger_id: int | None, entry_id: int | None, detail: str,
@@ -130,6 +139,7 @@ class _Checker:
     def feed(self, rec: dict[str, Any]) -> None:
         self.line += 1
         typ, f = rec["type"], rec["f"]
+        self.last_t = rec["t"]
         if typ == "invoke":
             self.r.ops += 1
             self.invoke(rec, f)
@@ -159,7 +169,9 @@ class _Checker:
             self.takeover_ledgers.add(rec["ledger_id"])
             self.r.takeovers += 1
         elif f == "stream_read" and rec["proc"] == FINAL_PROC:
-            self.final_stream_read = True
+            self.final_streams.add(rec.get("stream", ""))
+        elif f == "recover" and rec["proc"] == FINAL_PROC:
+            self.final_ledgers.add(rec["ledger_id"])
         elif f == "fault" and rec.get("phase") == "inject":
             self.r.faults += 1
             self.r.fault_steps.append({"step": rec.get("step"), "kind": rec.get("kind"), "target": rec.get("target"),
@@ -300,19 +312,38 @@ class _Checker:
     # -- at the end ------------------------------------------------------------------
     def finish(self) -> VerifyReport:
         for ledger, acked in self.acked.items():
-            self.lost_in(ledger, acked)
+            if ledger in self.final_ledgers:
+                self.lost_in(ledger, acked)
+            else:
+                self.r.unchecked.append(f"ledger {ledger}: {len(acked)} acknowledged, never read back")
         for ledger, (last, line) in self.max_read.items():
             end = self.ends.get(ledger)
             if end is not None and last > end[0]:
                 self.anomaly("divergent", ledger, last, f"read, past the ledger's recovered end {end[0]}", line)
-        if self.final_stream_read:
-            for (stream, txid), line in self.appends_acked.items():
-                if (stream, txid) not in self.final_txids:
-                    self.anomaly("lost", None, None, f"stream {stream} txid {txid}: acknowledged, not read back", line)
+        unread: dict[str, int] = defaultdict(int)
+        for (stream, txid), line in self.appends_acked.items():
+            if stream not in self.final_streams:
+                unread[stream] += 1
+            elif (stream, txid) not in self.final_txids:
+                self.anomaly("lost", None, None, f"stream {stream} txid {txid}: acknowledged, not read back", line)
+        self.r.unchecked += [f"stream {stream}: {n} acknowledged, never read back" for stream, n in unread.items()]
+        self.stalls_at_the_end()
         self.stall_per_step()
         self.r.ledgers = len(self.ledgers)
         self.r.anomalies.sort(key=lambda a: a.line)
         return self.r
+
+    def stalls_at_the_end(self) -> None:
+        """A writer still waiting when the history ends stalled until then (no completion closes
+        its wait: a writer given up on at the end records none)."""
+        for proc, n in self.outstanding.items():
+            if n > 0 and proc in self.since:
+                since = self.since[proc]
+                if self.last_t - since > STALL_NOTED_S:
+                    self.stalls.append((since, self.last_t))
+                if self.last_t - since > self.r.longest_stall_s:
+                    self.r.longest_stall_s = self.last_t - since
+                    self.r.longest_stall_proc, self.r.longest_stall_from_s = proc, since
 
     def stall_per_step(self) -> None:
         """Each fault step's longest stall: of the waits that overlapped it (inject to heal)."""

@@ -302,18 +302,18 @@ class _Run:
                         self.h.record(proc, "ok", "append", stream=name, txid=t, position=str(pos))
                     await asyncio.sleep(self.o.stream_pause_s)
 
-    async def stream_reader(self, ns: Namespace, proc: str, name: str, *, follow: bool) -> None:
-        """Read the stream from its start (following the writer, or to the current end)."""
+    async def stream_reader(self, ns: Namespace, proc: str, name: str, *, follow: bool,
+                            deadline: float | None = None) -> None:
+        """Read the stream from its start (following the writer, or to the current end). With a
+        deadline (the read-back), errors are tried again as a ledger's read-back tries them
+        (try_again), then given up on: what was not read is then reported lost, not waited for."""
         self.h.record(proc, "invoke", "stream_read", stream=name)
         start: Any = "earliest"
+        tries = 0
         while True:
+            reader = None
             try:
                 reader = await ns.open_reader(name, start, follow=follow)
-            except BKError as err:
-                self.h.record(proc, "fail", "stream_read", stream=name, error=_err(err))
-                await asyncio.sleep(0.5)
-                continue
-            try:
                 async with reader:
                     async for rec in reader:
                         self.h.record(proc, "ok", "stream_read", stream=name, txid=rec.txid,
@@ -321,8 +321,22 @@ class _Run:
                 return
             except BKError as err:  # go on from where this reader was
                 self.h.record(proc, "fail", "stream_read", stream=name, error=_err(err))
-                start = reader.position
+                tries += 1
+                if deadline is not None and not try_again(err, tries, deadline):
+                    return
+                if reader is not None:
+                    start = reader.position
                 await asyncio.sleep(0.5)
+
+    async def seal_stream(self, ns: Namespace, name: str) -> None:
+        """Before a stream's read-back: take it over and close, which recovers (fences) an open
+        last segment, so the read-back reads to what was acknowledged, not to a LAC the
+        bookies were told earlier."""
+        try:
+            writer = await ns.open_writer(name)
+            await writer.close()
+        except BKError as err:  # the read-back then reads what it can, and says what it missed
+            self.h.record("final", "info", "stream_seal", stream=name, error=_err(err))
 
     # -- the end ---------------------------------------------------------------------
     async def read_back(self, bk: BookKeeper, lid: int, deadline: float) -> None:
@@ -490,7 +504,8 @@ async def _run_all(run: _Run, faults: FaultExecutor | None, steps: list[FaultSte
             await run.read_back(others_bk, lid, deadline)
         if ns is not None:
             for name in s.streams:
-                await run.stream_reader(ns, "final", name, follow=False)
+                await run.seal_stream(ns, name)
+                await run.stream_reader(ns, "final", name, follow=False, deadline=deadline)
         if not o.keep:
             await run.cleanup(others_bk, ns)
     finally:
