@@ -338,3 +338,42 @@ def test_pki_makes_the_material_once_with_private_modes(tmp_path: Path) -> None:
     assert 'k1 = "' + "QUJD" * 11 + '"' in (theirs / "token_keys.toml").read_text()
     assert TokenKeys(str(theirs / "token_keys.toml")).verify(
         (theirs / "tokens" / "admin.token").read_text().strip()).subject == "admin"
+
+
+@pytest.mark.parametrize(("current", "switch", "refused"), [
+    ("clientPort=2181\n", "false", True),                    # a plain quorum would be switched on
+    ("clientPort=2181\nsslQuorum=true\n", "false", False),   # already on: nothing to switch
+    ("clientPort=2181\n", "true", False),                    # the operator stopped every server
+])
+def test_the_zookeeper_role_refuses_to_switch_quorum_tls_one_server_at_a_time(
+        tmp_path: Path, current: str, switch: str, refused: bool) -> None:
+    """Found by review: a secure multi-server deployment made before quorum TLS existed would,
+    on the next site.yml, restart its servers one at a time with sslQuorum on: the first
+    could not talk to its plain peers and the play stopped with it out of the quorum. The role
+    refuses before changing anything: its check (tasks/quorum_tls_switch.yml, the first thing
+    tasks/main.yml runs after the variables' assert) against a server's current zoo.cfg."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "zoo.cfg").write_text(current)
+    (tmp_path / "inventory.ini").write_text(
+        "[zookeeper]\nzk1 zookeeper_id=1\nzk2 zookeeper_id=2\n\n[all:vars]\nansible_connection=local\n"
+        f"ansible_python_interpreter={sys.executable}\nzookeeper_config_dir={conf}\nzookeeper_tls=true\n"
+        f"zookeeper_quorum_tls_switch={switch}\n")
+    (tmp_path / "zk.yml").write_text(f"""---
+- name: The role's first tasks
+  hosts: zk1
+  gather_facts: false
+  tasks:
+    - name: Read the current configuration and decide
+      ansible.builtin.include_role:
+        name: {ANSIBLE_DIR / "roles" / "zookeeper"}
+        tasks_from: quorum_tls_switch.yml
+""")
+    run = subprocess.run([tool("ansible-playbook"), "-i", str(tmp_path / "inventory.ini"), str(tmp_path / "zk.yml")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ansible_env(),
+                         stdin=subprocess.DEVNULL)
+    if refused:
+        assert run.returncode != 0 and "one server at a time cannot do that" in run.stdout, run.stdout[-3000:]
+    else:
+        assert run.returncode == 0, run.stdout[-3000:]
+    assert (conf / "zoo.cfg").read_text() == current  # nothing changed
