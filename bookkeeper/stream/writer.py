@@ -236,6 +236,8 @@ class StreamWriter:
             watching = await self._ns.bk.metadata_call(self._ns.store.lock_watch, self._lock_node, self._on_lock_event)
         except BKError:
             self._rewatch = True  # disconnected again: the next reconnect tries again
+            if not self._suspended:  # or connected already (that reconnect has passed): try again soon
+                self._loop.call_later(0.5, lambda: self._spawn(self._watch_lock_again()))
             return
         if not watching:
             self._lock_lost(StreamLockLostError(f"stream {self.name!r}: this writer's lock node vanished while "

@@ -105,6 +105,9 @@ class CommandFaults:
             proc.kill()
             await proc.wait()
             raise FaultError(f"fault command did not finish within {self.timeout_s:.0f}s") from None
+        finally:
+            if proc.returncode is None:  # cancelled (Ctrl-C, the run's end): an inject must not outlive its heal
+                proc.kill()
         if proc.returncode != 0:
             text = out.decode(errors="replace").strip()[-OUTPUT_CHARS:]
             raise FaultError(f"fault command exited with {proc.returncode}: {text}")

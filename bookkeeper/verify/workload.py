@@ -195,7 +195,9 @@ class _Run:
                 return await self.drain(proc, lh, pending[head:], None)
             except BKError as err:
                 return await self.drain(proc, lh, pending[head:], err)
-            record(proc, "ok", "add", ledger_id=lid, entry_id=eid)
+            # The id the client gave (its payload was made for eid: a different one reads back as
+            # `unexpected`), not the one this writer expected.
+            record(proc, "ok", "add", ledger_id=lid, entry_id=fut.result())
             head += 1
             if head > 4 * self.o.window:  # keep the list short
                 del pending[:head]
@@ -207,7 +209,7 @@ class _Run:
         history, each add as it ended, and give the ledger up."""
         for eid, fut in rest:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.h.record(proc, "ok", "add", ledger_id=lh.ledger_id, entry_id=eid)
+                self.h.record(proc, "ok", "add", ledger_id=lh.ledger_id, entry_id=fut.result())
             elif fut.done() and not fut.cancelled():
                 self.h.record(proc, "fail", "add", ledger_id=lh.ledger_id, entry_id=eid, error=_err(fut.exception()))
             else:
