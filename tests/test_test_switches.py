@@ -23,7 +23,7 @@ from bookkeeper._ext.journal import BLOCK_ALIGN, REC_ADD, scan_blocks
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.journal.syncer import AckBeforeSyncSyncer
 from bookkeeper.config import BookieConfig
-from bookkeeper.errors import ConfigError
+from bookkeeper.errors import ConfigError, NoSuchEntryError
 from bookkeeper.testing.cluster import LocalBookie
 from bookkeeper.testing.syncers import ManualSyncer
 from bookkeeper.testing_switches import ACK_BEFORE_SYNC, ENV, parse_switches
@@ -142,7 +142,14 @@ def test_kill9_loses_acknowledged_entries_only_with_the_switch(make_cluster, swi
         bookie.start()
         cluster.wait_registered([bookie])
         async with await BookKeeper.connect(cluster.metadata_uri) as bk:
-            rh = await bk.open_ledger(lh.ledger_id, password=PASSWORD, recovery=True)
+            try:
+                rh = await bk.open_ledger(lh.ledger_id, password=PASSWORD, recovery=True)
+            except NoSuchEntryError:
+                # Seen in CI: the LAC the bookie kept names an entry whose data the switch lost,
+                # so recovery cannot even read the entry at its LAC. Also a loss, and only ever
+                # with the switch.
+                assert switch
+                return
             kept = rh.last_add_confirmed + 1
             got = await rh.read(0, rh.last_add_confirmed) if kept else []
             assert [e.data for e in got] == data[:kept]  # what survived is the acknowledged prefix

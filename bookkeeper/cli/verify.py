@@ -156,8 +156,8 @@ def _workload_args(p: argparse.ArgumentParser, *, default_rate: float | None) ->
     p.add_argument("--seconds", type=float, required=True, metavar="S", help="how long the workload writes")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="fixes the fault schedule and the choices (default 0)")
     p.add_argument("--writers", type=int, default=4, metavar="N", help="ledger writers (default 4)")
-    p.add_argument("--ensembles", default="3/2/2,3/3/2", metavar="E/Qw/Qa,...",
-                   help="the writers' quorums, taking turns (default 3/2/2,3/3/2)")
+    p.add_argument("--ensembles", default="3/2/2,3/3/2", metavar="ENSEMBLES",
+                   help="the writers' quorums E/Qw/Qa, comma-separated, taking turns (default 3/2/2,3/3/2)")
     p.add_argument("--tailers", type=int, default=1, metavar="N", help="tailing readers (default 1)")
     p.add_argument("--streams", type=int, default=1, metavar="N", help="streams, each a writer and a reader (default 1)")
     p.add_argument("--rate", type=float, default=default_rate, metavar="N",
@@ -179,10 +179,10 @@ def add_verify_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", default=None, metavar="CMD",
                    help="run `sh -c CMD` to inject and heal each fault step (env BK_VERIFY_FAULT, BK_VERIFY_PHASE, "
                         "BK_VERIFY_STEP, BK_VERIFY_TARGET, BK_VERIFY_SEED)")
-    p.add_argument("--fault-kinds", default=",".join(COMMAND_KINDS), metavar="K1,K2",
-                   help="the kinds the schedule takes turns with (default kill,stop,partition)")
-    p.add_argument("--fault-hold", type=_range, default=DEFAULT_HOLD_S, metavar="LOW-HIGH",
-                   help="seconds each fault is held (default 2-6)")
+    p.add_argument("--fault-kinds", default=",".join(COMMAND_KINDS), metavar="KINDS",
+                   help="the kinds, comma-separated, the schedule takes turns with (default kill,stop,partition)")
+    p.add_argument("--fault-hold", type=_range, default=DEFAULT_HOLD_S, metavar="SECONDS",
+                   help="seconds each fault is held, LOW-HIGH or one value (default 2-6)")
     p.add_argument("--history", default=None, metavar="FILE", help="keep the JSONL history here (default: a temporary file, removed after the check)")
     p.set_defaults(func=cmd_run)
 
@@ -195,7 +195,7 @@ def add_verify_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--bookies", type=int, default=5, metavar="N", help="bookies (default 5)")
     p.add_argument("--dir", default=None, metavar="D", help="cluster and history.jsonl here (default: a temporary dir)")
     _workload_args(p, default_rate=LOCAL_RATE)
-    p.add_argument("--fault-kinds", default=None, metavar="K1,K2",
+    p.add_argument("--fault-kinds", default=None, metavar="KINDS",
                    help="local kinds: kill, hang, restart, session_expiry, zk_restart, ensemble_kill "
                         "(default: all but ensemble_kill, which --test-ack-before-sync adds)")
     p.add_argument("--no-takeovers", action="store_true", help="no recovery opens mid-write")
