@@ -47,3 +47,19 @@ def recap(output: str) -> dict[str, tuple[int, int, int]]:
     """PLAY RECAP: host -> (changed, unreachable, failed)."""
     tail = output[output.rindex("PLAY RECAP"):]
     return {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in RECAP.finditer(tail)}
+
+
+def role_tasks_play(path: Path, hosts: str, role: str, tasks_from: str, what: str) -> Path:
+    """Write a one-task play running `tasks_from` of one of this repo's roles on `hosts` (a
+    role's part tried alone), and return its path."""
+    path.write_text(f"""---
+- name: {what}
+  hosts: {hosts}
+  gather_facts: false
+  tasks:
+    - name: Run {tasks_from} of role {role}
+      ansible.builtin.include_role:
+        name: {ANSIBLE_DIR / "roles" / role}
+        tasks_from: {tasks_from}
+""")
+    return path

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from bookkeeper.config import BookieConfig
-from tests.ansible_tools import ANSIBLE_DIR, ansible_env, tool
+from tests.ansible_tools import ANSIBLE_DIR, ansible_env, role_tasks_play, tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime(90)]
 
@@ -359,16 +359,8 @@ def test_the_zookeeper_role_refuses_to_switch_quorum_tls_one_server_at_a_time(
         "[zookeeper]\nzk1 zookeeper_id=1\nzk2 zookeeper_id=2\n\n[all:vars]\nansible_connection=local\n"
         f"ansible_python_interpreter={sys.executable}\nzookeeper_config_dir={conf}\nzookeeper_tls=true\n"
         f"zookeeper_quorum_tls_switch={switch}\n")
-    (tmp_path / "zk.yml").write_text(f"""---
-- name: The role's first tasks
-  hosts: zk1
-  gather_facts: false
-  tasks:
-    - name: Read the current configuration and decide
-      ansible.builtin.include_role:
-        name: {ANSIBLE_DIR / "roles" / "zookeeper"}
-        tasks_from: quorum_tls_switch.yml
-""")
+    role_tasks_play(tmp_path / "zk.yml", "zk1", "zookeeper", "quorum_tls_switch.yml",
+                    "The role's quorum TLS check")
     run = subprocess.run([tool("ansible-playbook"), "-i", str(tmp_path / "inventory.ini"), str(tmp_path / "zk.yml")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ansible_env(),
                          stdin=subprocess.DEVNULL)

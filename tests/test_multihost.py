@@ -46,7 +46,7 @@ import pytest
 
 from bookkeeper.testing.hosts import Host, TestHosts, namespaces_unavailable
 from bookkeeper.testing.waiting import wait_until
-from tests.ansible_tools import ANSIBLE_DIR, ansible_env, failures, recap, tool
+from tests.ansible_tools import ANSIBLE_DIR, ansible_env, failures, recap, role_tasks_play, tool
 from tests.conftest import REPO
 
 REASON = namespaces_unavailable()
@@ -116,16 +116,7 @@ def make_wheelhouse(wheel: Path, work: Path) -> Path:
     root namespace, which reaches the package index: ctl, the controller, reaches none. Once
     per interpreter and requirements; a later run finds it and changes nothing."""
     play = work / "wheelhouse.yml"
-    play.write_text(f"""---
-- name: Make the bookies' wheelhouse
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Make the wheelhouse unless it exists
-      ansible.builtin.include_role:
-        name: {ANSIBLE_DIR / "roles" / "bookie"}
-        tasks_from: wheelhouse.yml
-""")
+    role_tasks_play(play, "localhost", "bookie", "wheelhouse.yml", "Make the bookies' wheelhouse")
     run = subprocess.run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(play),
                           "-e", f"bookie_wheel={wheel}", "-e", f"bookie_wheelhouse={wheelhouse_dir()}",
                           "-e", f"bookie_source_dir={REPO}", "-e", f"ansible_python_interpreter={sys.executable}"],
