@@ -11,8 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -220,7 +219,7 @@ def test_kill_processes_keeps_sshd_when_asked(hosts: TestHosts) -> None:
     c = hosts["c"]
     sleeper = c.popen(["sleep", "300"])
     remote = hosts["a"].popen(hosts.ssh_argv("c", "sleep 300"))
-    _wait_for(lambda: _has_child_sleep(c, exclude=sleeper.pid))
+    wait_until("the ssh session's sleep running", lambda: _has_child_sleep(c, exclude=sleeper.pid), timeout_s=10)
     killed = c.kill_processes(signal.SIGKILL, keep_sshd=True)
     assert sleeper.wait(timeout=10) == -signal.SIGKILL
     assert sleeper.pid in killed and c.sshd is not None and c.sshd.pid not in killed
@@ -242,13 +241,6 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.05)
 
 
 def _run_artifacts(prefix: str) -> list[str]:
