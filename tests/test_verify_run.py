@@ -9,6 +9,9 @@ Reference: issue 24 items 4 and 5; docs/operations.md, "Checking a cluster".
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from bookkeeper.cli.main import main
 from bookkeeper.testing.cluster import LocalCluster
+from bookkeeper.testing.waiting import wait_until
 from bookkeeper.verify import read_history
 from bookkeeper.verify.local import DEFAULT_KINDS, GAP_S, HOLD_S
 from bookkeeper.verify.nemesis import fault_schedule
@@ -91,3 +95,48 @@ def test_run_drives_an_operators_fault_command(cluster5: LocalCluster, tmp_path:
     code, report = bk_verify([*short, "--faults", "echo no such host >&2; exit 7"], capsys)
     assert code == 3 and report["anomalies"] == [] and report["faults"] == 1, report
     assert report["fault_errors"][0].startswith("step 0 ") and "exited with 7: no such host" in report["fault_errors"][0]
+
+
+def _run_until_signalled(cluster: LocalCluster, history: Path,
+                         signals: tuple[signal.Signals, ...]) -> subprocess.CompletedProcess[str]:
+    """`bk verify run --seconds 600` as its own process, sent `signals` back to back once its
+    history holds an acknowledged add (two different ones: the kernel would merge two SIGINTs
+    sent before the first is taken, and a pause would let a short read-back finish first)."""
+    bk = str(Path(sys.executable).parent / "bk")
+    proc = subprocess.Popen([bk, "verify", "run", "--uri", cluster.metadata_uri, "--seconds", "600", "--writers", "1",
+                             "--ensembles", "3/2/2", "--tailers", "1", "--streams", "0", "--rate", "200",
+                             "--history", str(history), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until("an acknowledged add in the history", lambda: history.exists()
+                   and b'"type":"ok","f":"add"' in history.read_bytes(), timeout_s=60, every_s=0.2)
+        for sig in signals:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_run_ends_its_load_at_the_first_sigint_and_still_checks(cluster5: LocalCluster, tmp_path: Path) -> None:
+    """A run with --seconds 600 sent SIGINT once its writer has an acknowledged add: the load
+    ends there, everything is read back and checked (exit 0, nothing unchecked), minutes early."""
+    run = _run_until_signalled(cluster5, tmp_path / "h.jsonl", (signal.SIGINT,))
+    report = json.loads(run.stdout)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    assert "ending the load now" in run.stderr
+    assert report["acked"] > 0 and report["anomalies"] == [] and report["unchecked"] == [], report
+    assert report["seconds"] < 120, report["seconds"]
+
+
+def test_a_second_signal_aborts_without_the_check(cluster5: LocalCluster, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM then SIGINT: no report, exit 130; the history it leaves names what was never read back
+    (bk verify check exits 4, incomplete), not a false `lost`."""
+    history = tmp_path / "h.jsonl"
+    run = _run_until_signalled(cluster5, history, (signal.SIGTERM, signal.SIGINT))
+    assert run.returncode == 130 and run.stdout == "", (run.returncode, run.stdout, run.stderr[-3000:])
+    code, report = bk_verify(["check", str(history)], capsys)
+    assert code == 4 and report["unchecked"] and report["anomalies"] == [], report

@@ -1,6 +1,10 @@
 """`bk verify run|check|local`: check that a cluster keeps what it acknowledged (docs/operations.md,
 "Checking a cluster").
 
+`bk verify run` ends its load at --seconds or at the first SIGINT or SIGTERM, whichever comes
+first, then reads everything back and checks it; a second signal aborts without a check (exit
+130).
+
 Exit codes: 0 no anomaly; 1 an anomaly (each printed with its kind, ledger, entry and history
 line); 3 no anomaly, but a fault step's command failed (the run did not test what it was
 asked to); 2 a usage error. `--json` prints one object: `ops`, `acked`, `anomalies` (each
@@ -10,8 +14,12 @@ VerifyReport fields.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import signal
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +27,12 @@ from bookkeeper.cli.common import UsageError, cli_table, client_settings, metada
 from bookkeeper.verify.checker import HistoryRecordError, VerifyReport, check_history
 from bookkeeper.verify.history import HistoryFormatError, read_history
 from bookkeeper.verify.nemesis import COMMAND_KINDS, DEFAULT_HOLD_S, CommandFaults, fault_schedule, parse_kinds
-from bookkeeper.verify.workload import WorkloadOptions, parse_ensembles, run_verify
+from bookkeeper.verify.workload import WorkloadOptions, WorkloadState, parse_ensembles, run_verify
 
 EXIT_FAULT_FAILED = 3
 EXIT_INCOMPLETE = 4  # nothing acknowledged, or something acknowledged never read back: nothing to judge
 SHOWN_ANOMALIES = 50
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the first ends the load early, the second aborts
 # `local`'s pace: ZooKeeper, the bookies and the workload share this host's cores, and the
 # faults' restarts need some (over 3 minutes it is still 540,000 adds, past the bar of 300,000).
 LOCAL_RATE = 3000.0  # printed in the table; --json has them all
@@ -104,6 +113,39 @@ def _options(args: argparse.Namespace, **more: Any) -> WorkloadOptions:
         raise UsageError(str(e)) from None
 
 
+async def _ending_early_on_signal(run: Callable[[WorkloadState], Awaitable[VerifyReport]]) -> VerifyReport | None:
+    """Run the workload; the first SIGINT or SIGTERM ends its load early, and what ran is read
+    back and checked as at the end of --seconds (so a run can last as long as something else
+    does, and Ctrl-C still gives a verdict). A second signal aborts: None, the check not done."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    state = WorkloadState()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            print("bk verify: ending the load now; reading back and checking (signal again to abort)",
+                  file=sys.stderr, flush=True)
+            state.stopping.set()
+        elif signals == 2:
+            main.cancel()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await run(state)
+    except asyncio.CancelledError:
+        if signals >= 2:
+            return None
+        raise
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import uvloop
 
@@ -118,8 +160,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                                hold_s={k: args.fault_hold for k in kinds})
         faults = CommandFaults(args.faults, args.seed)
     history = Path(args.history) if args.history else None
-    report = uvloop.run(run_verify(metadata_uri(args), opts, history_path=history, faults=faults,
-                                   fault_steps=steps, client=client_settings()))
+    uri, client = metadata_uri(args), client_settings()
+    report = uvloop.run(_ending_early_on_signal(lambda state: run_verify(
+        uri, opts, history_path=history, faults=faults, fault_steps=steps, state=state, client=client)))
+    if report is None:
+        raise KeyboardInterrupt
     return print_report(report, as_json=args.json)
 
 
@@ -153,7 +198,9 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 
 def _workload_args(p: argparse.ArgumentParser, *, default_rate: float | None) -> None:
-    p.add_argument("--seconds", type=float, required=True, metavar="S", help="how long the workload writes")
+    p.add_argument("--seconds", type=float, required=True, metavar="S",
+                   help="how long the workload writes (bk verify run: SIGINT or SIGTERM ends it sooner, "
+                        "then the check runs; a second one aborts)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="fixes the fault schedule and the choices (default 0)")
     p.add_argument("--writers", type=int, default=4, metavar="N", help="ledger writers (default 4)")
     p.add_argument("--ensembles", default="3/2/2,3/3/2", metavar="ENSEMBLES",
