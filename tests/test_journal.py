@@ -36,7 +36,8 @@ from bookkeeper._ext.journal import (
 )
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.journal.journal import FILE_VERSION, JournalFailedError
-from bookkeeper.bookie.journal.policy import FlushReason, flush_reason
+from bookkeeper.bookie.journal.policy import (BlockScan, FileHeader, FlushReason, ReplayStep, flush_reason,
+                                              replay_step)
 from bookkeeper.bookie.journal.syncer import ThreadSyncer, UringSyncer, completion
 from bookkeeper.testing.syncers import ManualSyncer
 
@@ -281,6 +282,33 @@ def test_flush_reason_low_load_flushes_immediately() -> None:
     """With no group wait and no sync in flight a lone record is flushed at once (low latency at low load)."""
     assert flush_reason(batch_count=1, batch_bytes=30, oldest_wait_us=0, sync_in_flight=False,
                         group_wait_us_max=0, batch_bytes_max=4 << 20, batch_entries_max=65536) is FlushReason.IDLE
+
+
+H, B, R = FileHeader, BlockScan, ReplayStep
+# Every (header, scan, reused) replay can meet, and its verdict: written out in full, so a
+# change to any cell is a change to this table.
+REPLAY_TABLE = {
+    (H.SHORT, None, False): R.SKIP, (H.SHORT, None, True): R.SKIP,
+    (H.BAD, None, False): R.SKIP, (H.BAD, None, True): R.SKIP,
+    (H.NEWER, None, False): R.REFUSE_NEWER, (H.NEWER, None, True): R.REFUSE_NEWER,
+    (H.OK, B.CLEAN, False): R.APPLY, (H.OK, B.CLEAN, True): R.APPLY,
+    (H.OK, B.TORN, False): R.APPLY_TORN, (H.OK, B.TORN, True): R.APPLY_REUSED_END,
+    (H.OK, B.CORRUPT_MIDDLE, False): R.REFUSE_CORRUPT, (H.OK, B.CORRUPT_MIDDLE, True): R.REFUSE_CORRUPT,
+}
+
+
+def test_replay_step_decision_table_exhaustive() -> None:
+    """replay_step gives the table's verdict for every header, scan end and reuse; a good
+    header without a scan is refused (replay never asks that), and every verdict is reachable."""
+    for header, scan, reused in itertools.product(FileHeader, [None, *BlockScan], [False, True]):
+        if header is FileHeader.OK and scan is None:
+            with pytest.raises(ValueError):
+                replay_step(header, scan, reused=reused)
+            continue
+        # A file whose header stops replay is judged on its header alone, whatever a scan would say.
+        cell = (header, scan if header is FileHeader.OK else None, reused)
+        assert replay_step(header, scan, reused=reused) is REPLAY_TABLE[cell], (header, scan, reused)
+    assert set(REPLAY_TABLE.values()) == set(ReplayStep)
 
 
 # -- syncers -------------------------------------------------------------------------------

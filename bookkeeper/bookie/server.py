@@ -52,6 +52,7 @@ from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper._ext.shardpath import AddPath, fail_responses
+from bookkeeper.bookie.core import decide_add
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
@@ -89,8 +90,7 @@ Poll = tuple[int, "BookieProtocol", int, int, int]  # entry, conn, request_id, n
 # Plain ints for the per-request path (IntEnum attribute lookups and comparisons cost).
 _ADD, _READ, _READ_LAC, _INFO = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.GET_BOOKIE_INFO)
 _WRITE_LAC, _START_TLS, _AUTH, _WHOAMI = int(Op.WRITE_LAC), int(Op.START_TLS), int(Op.AUTH), int(Op.WHOAMI)
-_OK, _BAD_REQUEST, _UNAUTHORIZED = int(Status.OK), int(Status.BAD_REQUEST), int(Status.UNAUTHORIZED)
-_FENCED, _READ_ONLY = int(Status.FENCED), int(Status.READ_ONLY)
+_OK = int(Status.OK)
 _RECOVERY_ADD, _LONG_POLL = int(Flag.RECOVERY_ADD), int(Flag.LONG_POLL)
 _NO_REPLY = (None, None, 0.0)
 BOOKIE_INFO = struct.Struct(">QQHH")
@@ -822,35 +822,30 @@ class ShardServer:
 
     def _add(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
              key: bytes, payload: bytes, blob_lac: int) -> None:
-        """The hot path: plain ints, no closures; ownership is checked when a ledger is first seen."""
-        status = _OK
+        """An add the C path did not take (the first of a ledger, or one it does not answer OK):
+        decided by bookie.core.decide_add, applied here."""
         st = self.storage.ledgers.get(ledger_id)
-        if self.readonly:
-            status = _READ_ONLY
-        elif entry_id < 0 or len(payload) < ENTRY_HEADER_BYTES or (st is None and self._wrong_shard(ledger_id)):
-            status = _BAD_REQUEST
-        else:
+        header_matches = False
+        if len(payload) >= ENTRY_HEADER_BYTES:
             blob_ledger, blob_entry, _, _ = entry_header(payload)
-            if blob_ledger != ledger_id or blob_entry != entry_id:
-                status = _BAD_REQUEST
-            elif st is None:
-                if key == NO_KEY:
-                    status = _UNAUTHORIZED
-                else:
-                    st = self._new_ledger(ledger_id, key)
-            elif not hmac.compare_digest(st.master_key, key):
-                status = _UNAUTHORIZED
-            if status == _OK and st.fenced and not flags & _RECOVERY_ADD:  # type: ignore[union-attr]
-                status = _FENCED
-        if status != _OK:
+            header_matches = blob_ledger == ledger_id and blob_entry == entry_id
+        decision = decide_add(readonly=self.readonly, known=st is not None,
+                              owned=st is not None or not self._wrong_shard(ledger_id), entry_id=entry_id,
+                              payload_len=len(payload), header_matches=header_matches, key_given=key != NO_KEY,
+                              key_matches=st is not None and hmac.compare_digest(st.master_key, key),
+                              fenced=st is not None and st.fenced, recovery=bool(flags & _RECOVERY_ADD))
+        if decision.status != _OK:
             self.counters["add_errors"] += 1
-            conn.respond((_ADD, status, req_id, ledger_id, entry_id, -1, b""))
+            conn.respond((_ADD, decision.status, req_id, ledger_id, entry_id, -1, b""))
             return
+        if decision.create:
+            st = self._new_ledger(ledger_id, key)
+        assert st is not None
         self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
         if self._waiters and ledger_id in self._waiters:
             self._to_wake.add(ledger_id)  # its LAC or its entries moved: see wake_parked
         self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
-                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b""), self.now))  # type: ignore[union-attr]
+                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b""), self.now))
 
     def _new_ledger(self, ledger_id: int, key: bytes) -> LedgerState:
         """First sight of a ledger on this shard: its state, and its master key journaled."""

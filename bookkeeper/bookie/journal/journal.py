@@ -45,7 +45,7 @@ from typing import Any
 
 from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
 from bookkeeper.bookie.files import fsync_dir, zero_fill
-from bookkeeper.bookie.journal.policy import flush_reason
+from bookkeeper.bookie.journal.policy import BlockScan, FileHeader, ReplayStep, flush_reason, replay_step
 from bookkeeper.bookie.journal.syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -232,34 +232,45 @@ class Journal:
             if fid < mark_file:
                 continue
             path = self._path(fid)
-            size = path.stat().st_size
-            if size < BLOCK_ALIGN:
-                log.warning("journal %s: shorter than its header, skipped (created, never written)", path)
+            records: list[Record] = []
+            end = next_valid = -1
+            scan: BlockScan | None = None
+            flags = 0
+            if path.stat().st_size < BLOCK_ALIGN:
+                header = FileHeader.SHORT
+            else:
+                with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    magic, version, hdr_id = _FILE_HEADER.unpack_from(mm, 0)
+                    if magic != FILE_MAGIC or hdr_id != fid:
+                        header = FileHeader.BAD
+                    elif version > FILE_VERSION:
+                        header = FileHeader.NEWER
+                    else:
+                        header = FileHeader.OK
+                        flags = _FILE_FLAGS.unpack_from(mm, _FILE_HEADER.size)[0] if version >= 2 else 0
+                        start = mark_off if fid == mark_file and mark_off >= BLOCK_ALIGN else BLOCK_ALIGN
+                        records, end, torn, _, next_valid = scan_blocks(
+                            mm, start, _generation(fid) if version >= 2 else -1)
+                        scan = (BlockScan.CORRUPT_MIDDLE if next_valid >= 0
+                                else BlockScan.TORN if torn else BlockScan.CLEAN)
+            step = replay_step(header, scan, reused=bool(flags & FLAG_REUSED))
+            if step is ReplayStep.SKIP:
+                log.warning("journal %s: %s, skipped", path, "shorter than its header (created, never written)"
+                            if header is FileHeader.SHORT else "bad header (no block was ever acknowledged from it)")
                 continue
-            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                magic, version, hdr_id = _FILE_HEADER.unpack_from(mm, 0)
-                if magic != FILE_MAGIC or hdr_id != fid:
-                    log.warning("journal %s: bad header, skipped (no block was ever acknowledged from it)", path)
-                    continue
-                if version > FILE_VERSION:
-                    raise OSError(f"journal {path}: format version {version} is newer than supported")
-                flags = _FILE_FLAGS.unpack_from(mm, _FILE_HEADER.size)[0] if version >= 2 else 0
-                start = mark_off if fid == mark_file and mark_off >= BLOCK_ALIGN else BLOCK_ALIGN
-                records, end, torn, _, next_valid = scan_blocks(
-                    mm, start, _generation(fid) if version >= 2 else -1)
-            if next_valid >= 0:
+            if step is ReplayStep.REFUSE_NEWER:
+                raise OSError(f"journal {path}: format version {version} is newer than supported")
+            if step is ReplayStep.REFUSE_CORRUPT:
                 raise JournalCorruptError(
                     f"journal {path}: the block at offset {end} is corrupt but a valid block follows at offset "
                     f"{next_valid}: it was damaged after it was acknowledged (a torn write can only be a "
                     f"file's last block). Replaying past it would lose acknowledged records, so this shard "
                     f"does not start: docs/operations.md, 'A corrupt journal block'")
-            if torn and flags & FLAG_REUSED:
-                # A torn last write and the middle of an earlier use's block look alike here;
-                # neither was ever acknowledged.
+            if step is ReplayStep.APPLY_REUSED_END:
                 result.reused_ends += 1
                 log.info("journal %s: blocks end at offset %d (after it: an earlier use's bytes or a torn "
                          "block; never acknowledged)", path, end)
-            elif torn:
+            elif step is ReplayStep.APPLY_TORN:
                 result.blocks_torn += 1
                 log.warning("journal %s: torn block at offset %d discarded (never acknowledged)", path, end)
             if records:
