@@ -1,79 +1,98 @@
-"""One error root and one registry keyed by the wire status code.
+"""One error root and one registry of error codes.
 
 Why one registry: the bookie answers with a status code, the client turns it into
-an exception, and both sides must agree on every code. `error_for_status` is the
-only place a wire status becomes an exception.
+an exception, and both sides must agree on every code. A wire error's code is its
+`bookkeeper.proto.Status` (the wire's one definition); every class that sets a code
+is registered when it is defined, and a second class claiming a code is refused
+(TypeError at import). `error_for_status` is the only place a wire status becomes an
+exception.
 """
 from __future__ import annotations
+
+from typing import Any
+
+from bookkeeper.proto import Status
+
+ROOT_CODE = 100
+_REGISTRY: dict[int, type[BKError]] = {}
 
 
 class BKError(Exception):
     """Root of every BookKeeper error. `retriable` says whether trying again may succeed."""
 
-    code: int = 100
+    code: int = ROOT_CODE
     retriable: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            return
+        owner = _REGISTRY.setdefault(cls.code, cls)
+        if owner is not cls or cls.code == ROOT_CODE:
+            raise TypeError(f"error code {cls.code} of {cls.__name__} is already "
+                            f"{owner.__name__ if owner is not cls else 'BKError'}'s: each code names one error")
 
 
 class ProtocolError(BKError):
     """A peer sent bytes that are not a valid frame, or an op it does not support."""
 
-    code = 5
+    code = int(Status.BAD_REQUEST)
 
 
 class NoSuchLedgerError(BKError):
     """The ledger does not exist (in metadata, or on the bookie asked)."""
 
-    code = 1
+    code = int(Status.NO_SUCH_LEDGER)
 
 
 class NoSuchEntryError(BKError):
     """The entry does not exist, or lies past the LAC of an open ledger."""
 
-    code = 2
+    code = int(Status.NO_SUCH_ENTRY)
 
 
 class LedgerFencedError(BKError):
     """The ledger was fenced by a recovery open: this writer can add no more."""
 
-    code = 3
+    code = int(Status.FENCED)
 
 
 class UnauthorizedError(BKError):
     """Wrong password (master key) for the ledger."""
 
-    code = 4
+    code = int(Status.UNAUTHORIZED)
 
 
 class TooLargeError(ProtocolError):
     """A frame or entry over the configured maximum size."""
 
-    code = 6
+    code = int(Status.TOO_LARGE)
 
 
 class UnknownOpError(ProtocolError):
     """The bookie does not know the requested operation."""
 
-    code = 7
+    code = int(Status.UNKNOWN_OP)
 
 
 class BookieReadOnlyError(BKError):
     """The bookie is read-only and refuses adds."""
 
-    code = 8
+    code = int(Status.READ_ONLY)
     retriable = True
 
 
 class BookieServerError(BKError):
     """The bookie failed internally (disk error, full disk); it keeps serving others."""
 
-    code = 9
+    code = int(Status.SERVER_ERROR)
     retriable = True
 
 
 class TimeoutError(BKError):  # noqa: A001 - the public name docs/api.md fixes
     """An operation did not complete within its timeout."""
 
-    code = 10
+    code = int(Status.TIMEOUT)
     retriable = True
 
 
@@ -90,14 +109,14 @@ class AuthenticationError(BKError):
     another bookie id) or the AUTH exchange failed (bad signature, expired token, unknown
     plug-in). The message names the bookie, the plug-in or TLS, and the reason."""
 
-    code = 12
+    code = int(Status.AUTHENTICATION)
 
 
 class AuthorizationError(BKError):
     """An authenticated principal lacks the role an operation needs; the message names the
     principal and the missing role."""
 
-    code = 13
+    code = int(Status.FORBIDDEN)
 
 
 class NotEnoughBookiesError(BKError):
@@ -223,12 +242,46 @@ class DataLossError(BKError):
     code = 47
 
 
-_BY_STATUS: dict[int, type[BKError]] = {
-    cls.code: cls
-    for cls in (NoSuchLedgerError, NoSuchEntryError, LedgerFencedError, UnauthorizedError,
-                ProtocolError, TooLargeError, UnknownOpError, BookieReadOnlyError,
-                BookieServerError, TimeoutError, AuthenticationError, AuthorizationError)
-}
+class MetadataFormatError(BKError):
+    """Metadata that cannot be read: not JSON, corrupt, or of a format newer than this code
+    (ledger or stream metadata, a security znode, an under-replication mark); the message
+    names what. Not retriable: the same bytes fail the same way (upgrade, or repair them)."""
+
+    code = 27
+
+
+class InvalidArgumentError(BKError, ValueError):
+    """A call's arguments cannot be served: quorum sizes out of order, an empty or inverted
+    entry range, a ledger id out of range, a stream segment out of turn (bad input: a
+    ValueError too)."""
+
+    code = 28
+
+
+class BookieStartError(BKError):
+    """A bookie could not start: a directory is in use by another running bookie, or a shard
+    exited or was not ready in time; the message names which."""
+
+    code = 32
+
+
+class InternalError(BKError):
+    """An unexpected error (a defect) inside the client ended an operation: an ensemble change
+    or a stream segment roll raised something no BookKeeper error stands for. The message
+    names it; the log has its traceback. Please report it."""
+
+    code = 34
+
+
+class RecoveryError(BKError):
+    """Recovery of a ledger could not finish: too few bookies answered the fence, or an entry
+    was neither readable nor denied by enough of them. Retriable: the bookies may come back."""
+
+    code = 33
+    retriable = True
+
+
+_BY_STATUS: dict[int, type[BKError]] = {status: _REGISTRY[status] for status in Status if status != Status.OK}
 
 
 def error_for_status(status: int, detail: str = "") -> BKError:

@@ -68,7 +68,7 @@ class ReplicationWorker:
                 await self._process(ledger_id)
             except Exception as e:  # a bug must not end the worker for the bookie's lifetime: said, backed off
                 log.exception("ledger %d: replication failed unexpectedly", ledger_id)
-                self._failed(ledger_id, BKError(f"{type(e).__name__}: {e}"), RETRY_MAX_S)
+                self._failed(ledger_id, e, RETRY_MAX_S)
             finally:
                 self.current = None
                 try:
@@ -127,7 +127,7 @@ class ReplicationWorker:
         except BKError as e:
             self._failed(ledger_id, e, min(RETRY_MAX_S, self._backoff.get(ledger_id, RETRY_MIN_S / 2) * 2))
 
-    def _failed(self, ledger_id: int, err: BKError, retry_s: float) -> None:
+    def _failed(self, ledger_id: int, err: Exception, retry_s: float) -> None:
         self.stats.failures += 1
         self.stats.last_error = f"ledger {ledger_id}: {err}"
         self._backoff[ledger_id] = retry_s

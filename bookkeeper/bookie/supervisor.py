@@ -41,7 +41,7 @@ from bookkeeper.bookie.journal.syncer import probe_io_uring
 from bookkeeper.bookie.sdnotify import sd_notify
 from bookkeeper.bookie.state import READONLY, WRITABLE, DirState, bookie_state, measure_dir, next_dir_state
 from bookkeeper.config import BookieConfig
-from bookkeeper.errors import BKError, CookieMismatchError, ZooKeeperUnreachableError
+from bookkeeper.errors import BKError, BookieStartError, CookieMismatchError, ZooKeeperUnreachableError
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 from bookkeeper.procs import module_command
@@ -152,7 +152,7 @@ def lock_directories(cfg: BookieConfig) -> list[int]:
             os.close(fd)
             for f in fds:
                 os.close(f)
-            raise BKError(f"directory {d} is in use by another running bookie") from None
+            raise BookieStartError(f"directory {d} is in use by another running bookie") from None
         fds.append(fd)
     return fds
 
@@ -229,8 +229,8 @@ class Supervisor:
                         return
                     if not line:
                         proc.wait()
-                        raise BKError(f"shard {index} exited with code {proc.returncode} during start")
-        raise BKError(f"shard {index} was not ready within {SHARD_START_TIMEOUT_S}s")
+                        raise BookieStartError(f"shard {index} exited with code {proc.returncode} during start")
+        raise BookieStartError(f"shard {index} was not ready within {SHARD_START_TIMEOUT_S}s")
 
     def registration(self) -> dict[str, Any]:
         return {"bookie_id": self.cfg.id, "rack": self.cfg.rack, "readonly": self.state == READONLY,

@@ -24,9 +24,18 @@ from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
-from bookkeeper.errors import (AuthorizationError, BKError, BookieUnavailableError, DigestMismatchError,
-                               MetadataServiceError, NotEnoughBookiesError, TimeoutError, UnauthorizedError,
-                               UnknownOpError)
+from bookkeeper.errors import (
+    AuthorizationError,
+    BKError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    InvalidArgumentError,
+    MetadataServiceError,
+    NotEnoughBookiesError,
+    TimeoutError,
+    UnauthorizedError,
+    UnknownOpError,
+)
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, check_password, password_digest
 from bookkeeper.proto import NO_KEY, Op
 from bookkeeper.security.authz import ALL_ROLES, ANONYMOUS
@@ -238,7 +247,7 @@ class BookKeeper:
                             custom_metadata: dict[str, bytes] | None = None) -> WriteHandle:
         """Create a ledger on `ensemble` random writable bookies and return its write handle."""
         if not (1 <= ack_quorum <= write_quorum <= ensemble):
-            raise BKError(f"need 1 <= ack_quorum <= write_quorum <= ensemble, got "
+            raise InvalidArgumentError(f"need 1 <= ack_quorum <= write_quorum <= ensemble, got "
                           f"{ensemble}/{write_quorum}/{ack_quorum}")
         if not isinstance(password, bytes):
             raise TypeError("password must be bytes")

@@ -27,13 +27,17 @@ from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.errors import (
     BKError,
+    BookieUnavailableError,
     DigestMismatchError,
+    InternalError,
+    InvalidArgumentError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
+    RecoveryError,
     TooLargeError,
     TooManyOutstandingAddsError,
 )
@@ -337,7 +341,7 @@ class ReadHandle:
         Past the LAC of an open ledger, or past the end of a closed one: NoSuchEntryError.
         """
         if first < 0 or last < first:
-            raise BKError(f"invalid range {first}..{last}")
+            raise InvalidArgumentError(f"invalid range {first}..{last}")
         lac = self.last_add_confirmed
         if last > lac:
             raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({lac}) of ledger "
@@ -450,7 +454,7 @@ class ReadHandle:
         elif outcome is PollAnswer.EXPIRED:  # idle: what a missed watch event would hide shows here
             await self._refresh()
         elif outcome is PollAnswer.FAILED:
-            raise wait.error or BKError(f"every long poll of {self.ledger_id}:{entry_id} failed")
+            raise wait.error or BookieUnavailableError(f"every long poll of {self.ledger_id}:{entry_id} failed")
         return None
 
     async def _refresh(self) -> None:
@@ -831,7 +835,7 @@ class WriteHandle(ReadHandle):
         """Whatever escapes an ensemble change fails the handle: a writer never stalls silently."""
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()
-            self._fail(err if isinstance(err, BKError) else BKError(f"ensemble change failed: {err!r}"))
+            self._fail(err if isinstance(err, BKError) else InternalError(f"ensemble change failed: {err!r}"))
 
     def _fail(self, err: BKError) -> None:
         """The handle is broken: every outstanding and future add fails with err."""
@@ -978,7 +982,7 @@ async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> Ledger
         results = await _first_decisive(futs, covered)
         if not covered(results):
             errs = [r for r in results if isinstance(r, BaseException)]
-            raise BKError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
+            raise RecoveryError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
         lac = max([r[5] for r in results if isinstance(r, tuple)] + [-1])
         length = (await handle._read_one(lac))[2] if lac >= 0 else 0
         # Rewrite what lies past the LAC through a recovery write handle: its adds carry
@@ -1049,5 +1053,5 @@ async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> b
     denied = sum(1 for r in results if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)))
     if entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum):
         return None
-    raise BKError(f"recovery of ledger {md.ledger_id}: entry {entry_id} is neither readable nor denied by "
+    raise RecoveryError(f"recovery of ledger {md.ledger_id}: entry {entry_id} is neither readable nor denied by "
                   f"enough bookies: {results}")

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bookkeeper.errors import BKError
+from bookkeeper.errors import MetadataFormatError
 
 FORMAT_VERSION = 1
 # scrypt's cost: 2^14 x 8 uses 16 MiB and ~27 ms of one core here, per ledger create and open
@@ -181,7 +181,7 @@ class LedgerMetadata:
                 raise ValueError("no ensembles")
             fmt = d["format_version"]
             if fmt > FORMAT_VERSION:
-                raise BKError(f"ledger metadata format {fmt} is newer than supported {FORMAT_VERSION}")
+                raise MetadataFormatError(f"ledger metadata format {fmt} is newer than supported {FORMAT_VERSION}")
             return cls(
                 ledger_id=int(d["ledger_id"]),
                 ensemble_size=int(d["ensemble_size"]),
@@ -202,4 +202,4 @@ class LedgerMetadata:
                 version=version,
             )
         except (KeyError, ValueError, TypeError, OverflowError, RecursionError, binascii.Error) as e:
-            raise BKError(f"corrupt ledger metadata: {e!r}"[:500]) from e
+            raise MetadataFormatError(f"corrupt ledger metadata: {e!r}"[:500]) from e

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.security import ACL
 
-from bookkeeper.errors import BKError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.errors import ConfigError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.ledger_metadata import SCRYPT_PREFIX, LedgerMetadata, password_digest
 from bookkeeper.meta.zk import ZkMetadataStore, ledger_path
 from bookkeeper.meta.zk_security import SecurityDoc, digest_credentials, digest_id, secured_acls
@@ -101,19 +101,19 @@ def secure_tree(store: ZkMetadataStore, *, public_key: bytes, readonly: str | No
     """Convert the store's tree (the store connected with the writing principal's digest
     credentials): publish the key and the read-only principal, set ACLs, seal passwords."""
     if store.security.scheme != "digest":
-        raise BKError("bk zk secure needs digest credentials (--zk-auth digest:USER:PASSWORD): the ACLs name "
+        raise ConfigError("bk zk secure needs digest credentials (--zk-auth digest:USER:PASSWORD): the ACLs name "
                       "that principal")
     writer = digest_id(*digest_credentials(store.security.auth))
     ro = None
     if readonly is not None:
         user, sep, password = readonly.partition(":")
         if not sep:
-            raise BKError("--readonly-user must be USER:PASSWORD")
+            raise ConfigError("--readonly-user must be USER:PASSWORD")
         ro = digest_id(user, password)
 
     def change(doc: SecurityDoc) -> SecurityDoc:
         if doc.seal_public_key is not None and doc.seal_public_key != public_key:
-            raise BKError("the cluster already seals ledger passwords to another public key: use the seal key "
+            raise ConfigError("the cluster already seals ledger passwords to another public key: use the seal key "
                           "its bookies hold (password_seal_key_file)")
         return SecurityDoc(seal_public_key=public_key, readonly=ro or doc.readonly)
     doc = store.update_security(change)
@@ -127,7 +127,7 @@ def secure_tree(store: ZkMetadataStore, *, public_key: bytes, readonly: str | No
         if seal_passwords(store, report) == 0:
             break
     else:
-        raise BKError(f"ledger passwords were still written in the clear after {MAX_SEAL_PASSES} passes: a writer "
+        raise ConfigError(f"ledger passwords were still written in the clear after {MAX_SEAL_PASSES} passes: a writer "
                       f"does not see the seal key (is it running an older version?)")
     progress(f"passwords: {report.passwords_sealed} sealed in {report.seal_passes} pass(es)")
     return report

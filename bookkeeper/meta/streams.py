@@ -38,8 +38,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.protocol.states import WatchedEvent
 
-from bookkeeper.errors import (BKError, InvalidStreamNameError, MetadataVersionError, StreamExistsError,
-                               StreamNotFoundError)
+from bookkeeper.errors import (
+    BKError,
+    InvalidArgumentError,
+    InvalidStreamNameError,
+    MetadataFormatError,
+    MetadataServiceError,
+    MetadataVersionError,
+    StreamExistsError,
+    StreamNotFoundError,
+)
 
 FORMAT = 1
 LOCK_PREFIX = "w-"
@@ -114,9 +122,9 @@ def _load(data: bytes, what: str) -> dict[str, Any]:
     try:
         d = json.loads(data)
     except ValueError as e:
-        raise BKError(f"{what}: metadata is not JSON ({e})") from e
+        raise MetadataFormatError(f"{what}: metadata is not JSON ({e})") from e
     if d.get("format", 0) > FORMAT:
-        raise BKError(f"{what}: metadata format {d['format']} is newer than this client's ({FORMAT}); upgrade it")
+        raise MetadataFormatError(f"{what}: metadata format {d['format']} is newer than this client's ({FORMAT}); upgrade it")
     d.pop("format", None)
     return d
 
@@ -199,7 +207,7 @@ class StreamStore:
     def add_segment(self, ns: str, stream: StreamMeta, segment: Segment) -> tuple[StreamMeta, Segment]:
         """Create segment `stream.next_seq` iff the stream node is still at stream.version."""
         if segment.seq != stream.next_seq:
-            raise BKError(f"segment {segment.seq} is not the stream's next ({stream.next_seq})")
+            raise InvalidArgumentError(f"segment {segment.seq} is not the stream's next ({stream.next_seq})")
         bumped = dataclasses.replace(stream, next_seq=stream.next_seq + 1)
         t = self.zk.transaction()
         t.set_data(self.stream_path(ns, stream.name), bumped.to_json(), version=stream.version)
@@ -308,4 +316,4 @@ def _raise_first(results: list[Any], what: str) -> None:
                 raise MetadataVersionError(f"{what}: the stream changed meanwhile (another writer?)") from r
             if isinstance(r, NoNodeError):
                 raise StreamNotFoundError(f"{what}: the stream or segment is gone") from r
-            raise BKError(f"{what}: {type(r).__name__}") from r
+            raise MetadataServiceError(f"{what}: {type(r).__name__}") from r

@@ -37,7 +37,7 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import WatchedEvent
 
-from bookkeeper.errors import BKError
+from bookkeeper.errors import MetadataFormatError
 from bookkeeper.meta.zk import ZkMetadataStore
 
 BUCKET_SPAN = 10_000  # ledgers per bucket: a bucket listing is at most 10^4 names
@@ -140,7 +140,7 @@ class UnderReplicationManager:
             return Mark(ledger_id, tuple(d["missing"]), tuple(d.get("forced", ())), int(d.get("marked_ms", 0)),
                         stat.version)
         except (ValueError, KeyError, TypeError) as e:
-            raise BKError(f"corrupt under-replication mark of ledger {ledger_id}: {e}") from e
+            raise MetadataFormatError(f"corrupt under-replication mark of ledger {ledger_id}: {e}") from e
 
     def unmark(self, mark: Mark, bookies: Iterable[str] | None = None) -> bool:
         """Take `bookies` (default: all) off the mark, deleting it once none is left; checked

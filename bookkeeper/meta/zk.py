@@ -38,8 +38,14 @@ from kazoo.exceptions import (AuthFailedError, BadVersionError, NoAuthError, Nod
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
-from bookkeeper.errors import (BKError, LedgerExistsError, MetadataAuthError, MetadataVersionError,
-                               NoSuchLedgerError)
+from bookkeeper.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    LedgerExistsError,
+    MetadataAuthError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
 from bookkeeper.meta.sealing import SealError, key_id, load_private_key, public_bytes, seal, unseal
 from bookkeeper.meta.zk_connect import start_client
@@ -59,15 +65,15 @@ def parse_metadata_uri(uri: str) -> tuple[str, str]:
     """'zk://h1:p1,h2:p2/ledgers' -> ('h1:p1,h2:p2', '/ledgers'); zk+tls:// alike (uses_tls)."""
     scheme = next((s for s in SCHEMES if uri.startswith(s)), None)
     if scheme is None:
-        raise BKError(f"metadata URI must start with zk:// (or zk+tls:// for ZooKeeper's TLS port), got {uri!r}")
+        raise ConfigError(f"metadata URI must start with zk:// (or zk+tls:// for ZooKeeper's TLS port), got {uri!r}")
     rest = uri[len(scheme):]
     hosts, _, path = rest.partition("/")
     if not hosts:
-        raise BKError(f"metadata URI names no ZooKeeper host: {uri!r}")
+        raise ConfigError(f"metadata URI names no ZooKeeper host: {uri!r}")
     try:
         collect_hosts(hosts)  # kazoo's own parse, so a bad host:port is an error here, not a traceback later
     except ValueError as e:
-        raise BKError(f"metadata URI has a bad host:port list {hosts!r}: {e}") from None
+        raise ConfigError(f"metadata URI has a bad host:port list {hosts!r}: {e}") from None
     root = "/" + path.strip("/") if path.strip("/") else "/ledgers"
     return hosts, root
 
@@ -136,7 +142,7 @@ for _name, _op in (("create", "create"), ("ensure_path", "create"), ("get", "rea
 def ledger_path(root: str, ledger_id: int) -> str:
     """Hierarchical path of a ledger's metadata (as Apache BookKeeper's HierarchicalLedgerManager)."""
     if not 0 <= ledger_id <= MAX_LEDGER_ID:
-        raise BKError(f"ledger id out of range: {ledger_id}")
+        raise InvalidArgumentError(f"ledger id out of range: {ledger_id}")
     s = f"{ledger_id:010d}"
     return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
 
@@ -183,7 +189,7 @@ class ZkMetadataStore:
         try:
             self.zk.get(f"{self.root}/INSTANCEID")
         except NoNodeError:
-            raise BKError(f"no BookKeeper cluster at {self.uri}: {self.root}/INSTANCEID does not exist "
+            raise ConfigError(f"no BookKeeper cluster at {self.uri}: {self.root}/INSTANCEID does not exist "
                           f"(check the path, or start a bookie first)") from None
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
-from bookkeeper.errors import BKError, ConfigError
+from bookkeeper.errors import ConfigError, MetadataFormatError
 from bookkeeper.meta.sealing import key_id
 from bookkeeper.security.authz import ANONYMOUS
 
@@ -178,7 +178,7 @@ class SecurityDoc:
                 raise ValueError(f"seal_public_key is {len(key)} bytes, not 32")
             return cls(seal_public_key=key, readonly=d.get("readonly") or None)
         except (ValueError, TypeError, KeyError, binascii.Error) as e:
-            raise BKError(f"corrupt security znode: {e}") from None
+            raise MetadataFormatError(f"corrupt security znode: {e}") from None
 
 
 def no_auth_message(op: str, path: str, security: ZkSecurity) -> str:

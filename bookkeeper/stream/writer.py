@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 
 from bookkeeper.client.ledger import WriteHandle
-from bookkeeper.errors import (BKError, ConfigError, LedgerFencedError, MetadataVersionError, StreamLockLostError,
-                               TooLargeError, TxidOrderError, WriterClosedError)
+from bookkeeper.errors import (BKError, ConfigError, InternalError, LedgerFencedError, MetadataVersionError,
+                               StreamLockLostError, TooLargeError, TxidOrderError, WriterClosedError)
 from bookkeeper.meta.streams import Segment, StreamMeta, now_ms
 from bookkeeper.stream import recordset
 from bookkeeper.stream.policy import roll_reason
@@ -432,18 +432,22 @@ class StreamWriter:
             self._inflight_bytes -= size
             self._room.set()
             if f.cancelled() or f.exception() is not None:
-                err = f.exception() if not f.cancelled() else BKError("add cancelled")
+                err = (f.exception() if not f.cancelled()
+                       else WriterClosedError("the add was cancelled: the writer closed"))
                 if isinstance(err, LedgerFencedError) and not isinstance(err, StreamLockLostError):
                     err = StreamLockLostError(f"stream {self.name!r}: its segment was fenced by another writer "
                                               f"(takeover); this writer writes no more")
-                self._fail(err if isinstance(err, BKError) else BKError(repr(err)))
+                self._fail(err if isinstance(err, BKError) else InternalError(f"a stream add failed: {err!r}"))
             elif not self._inflight and self._control_due and not self._pending.records:
                 self._arm_control()
         fut.add_done_callback(done)
 
     def _on_set_acked(self, fut: asyncio.Future[int], seq: int, owners: list[list[Any]]) -> None:
         if fut.cancelled() or fut.exception() is not None:
-            err = self._error or BKError("record set add failed")
+            exc = None if fut.cancelled() else fut.exception()
+            err = (self._error or (exc if isinstance(exc, BKError) else None)
+                   or WriterClosedError(f"the record set was not added: {exc!r}" if exc else
+                                        "the writer closed before the record set was added"))
             for waiter, _ in owners:
                 waiter.fail(err)
             return
@@ -486,7 +490,7 @@ class StreamWriter:
         self._rolling = None
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()
-            self._fail(err if isinstance(err, BKError) else BKError(f"segment roll failed: {err!r}"))
+            self._fail(err if isinstance(err, BKError) else InternalError(f"segment roll failed: {err!r}"))
             return
         self._maybe_seal()
 

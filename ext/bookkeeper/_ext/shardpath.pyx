@@ -27,6 +27,10 @@ from bookkeeper._ext.frame cimport REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCOM
 from bookkeeper._ext.journal cimport JournalBatch
 
 from bookkeeper._ext.wire import FrameError
+from bookkeeper.proto import Status
+
+# The wire's status codes have one definition, bookkeeper.proto.Status: taken from it here.
+cdef uint16_t STATUS_SERVER_ERROR = Status.SERVER_ERROR
 
 cdef extern from "Python.h":
     PyObject* PyDict_GetItem(object d, object key)  # borrowed, NULL if absent (no exception)
@@ -38,7 +42,6 @@ cdef enum:
     ROLE_RECOVER = 2  # bookkeeper.bookie.trust.ADD_RECOVER
     ENTRY_HEADER = 32
     REC_ADD = 1
-    STATUS_SERVER_ERROR = 9
 
 
 cdef inline bint keys_equal(const char* a, const char* b, Py_ssize_t n) noexcept nogil:
