@@ -1,7 +1,8 @@
-"""The shard's add decision (bookkeeper/bookie/core.py, issue 25 item 2): its whole table,
-and the C add path (ext/bookkeeper/_ext/shardpath.pyx) checked against it on every
-combination of its inputs, through a real in-process shard (ShardServer, AddPath, Journal,
-LedgerStorage; no sockets)."""
+"""The shard's request decisions (bookkeeper/bookie/core.py, issue 25 item 2): the whole
+table of each (add, read, read LAC, write LAC, fence) against the rules docs/protocol.md
+states, and the C add path (ext/bookkeeper/_ext/shardpath.pyx) checked against the add
+decision on every combination of its inputs, through a real in-process shard (ShardServer,
+AddPath, Journal, LedgerStorage; no sockets)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import uvloop
 
-from bookkeeper.bookie.core import ADD_BAD_REQUEST, ADD_CREATE, ADD_FENCED, ADD_OK, ADD_READ_ONLY, \
-    ADD_UNAUTHORIZED, AddDecision, decide_add
+from bookkeeper.bookie.core import (ADD_BAD_REQUEST, ADD_CREATE, ADD_FENCED, ADD_OK, ADD_READ_ONLY, ADD_UNAUTHORIZED,
+                                   AddDecision, ReadAction, ReadDecision, decide_add, decide_read, decide_read_lac,
+                                   decide_write_lac)
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
 from bookkeeper.bookie.storage import LedgerStorage
@@ -134,3 +136,51 @@ def test_the_c_add_path_takes_exactly_the_adds_decide_add_answers_ok_on_a_known_
         return cases
 
     assert uvloop.run(main()) == 4 * 3 * 2 * 2 * 3 * 2 * 4
+
+
+def _fence_oracle(known: bool, given: bool, matches: bool) -> ReadDecision:
+    """docs/protocol.md's fencing: the key is needed; an unknown ledger is fenced with its state made."""
+    if not given or (known and not matches):
+        return ReadDecision(ReadAction.REFUSE, Status.UNAUTHORIZED)
+    return ReadDecision(ReadAction.FENCE, create=not known)
+
+
+def test_read_decisions_agree_with_the_protocol_tables_on_every_combination() -> None:
+    """decide_read, decide_read_lac and decide_write_lac on every combination of their inputs
+    (a key can only match one the shard keeps; a cap of 3 long polls, 2 or 3 parked), against
+    the answers docs/protocol.md tabulates, written apart; every action is reached."""
+    actions = set()
+    for owned, fence, poll, entry_id, known, given, matches, covered, parked in itertools.product(
+            BOOL, BOOL, BOOL, (-1, 0), BOOL, BOOL, BOOL, BOOL, (2, 3)):
+        matches, covered = matches and known and given, covered and known
+        got = decide_read(owned=owned, fence=fence, long_poll=poll, entry_id=entry_id, known=known, key_given=given,
+                          key_matches=matches, covered=covered, parked=parked, cap=3)
+        if not owned:
+            want = ReadDecision(ReadAction.REFUSE, Status.BAD_REQUEST)
+        elif fence:
+            want = _fence_oracle(known, given, matches)
+        elif poll and entry_id >= 0:
+            want = (ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_LEDGER, poll_refused=True) if not known else
+                    ReadDecision(ReadAction.LOOKUP) if covered else
+                    ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_ENTRY, poll_refused=True) if parked >= 3 else
+                    ReadDecision(ReadAction.PARK))
+        else:
+            want = ReadDecision(ReadAction.LOOKUP) if known else ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_LEDGER)
+        assert got == want, (owned, fence, poll, entry_id, known, given, matches, covered, parked)
+        actions.add(got.action)
+        lac_got = decide_read_lac(owned=owned, fence=fence, known=known, key_given=given, key_matches=matches)
+        lac_want = (ReadDecision(ReadAction.REFUSE, Status.BAD_REQUEST) if not owned else
+                    _fence_oracle(known, given, matches) if fence else
+                    ReadDecision(ReadAction.LOOKUP) if known else ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_LEDGER))
+        assert lac_got == lac_want, (owned, fence, known, given, matches)
+    assert actions == set(ReadAction)
+    statuses = set()
+    for owned, lac, known, given, matches, fenced in itertools.product(BOOL, (-1, 0, 5), BOOL, BOOL, BOOL, BOOL):
+        matches, fenced = matches and known and given, fenced and known
+        got_status = decide_write_lac(owned=owned, lac=lac, known=known, key_given=given, key_matches=matches,
+                                      fenced=fenced)
+        want_status = (Status.BAD_REQUEST if not owned or lac < 0 else Status.NO_SUCH_LEDGER if not known else
+                       Status.UNAUTHORIZED if not matches else Status.FENCED if fenced else Status.OK)
+        assert got_status == want_status, (owned, lac, known, given, matches, fenced)
+        statuses.add(got_status)
+    assert statuses == {Status.OK, Status.BAD_REQUEST, Status.NO_SUCH_LEDGER, Status.UNAUTHORIZED, Status.FENCED}

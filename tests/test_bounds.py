@@ -21,7 +21,8 @@ import uvloop
 
 from bookkeeper import BookKeeper, DigestType
 from bookkeeper.bookie import control
-from bookkeeper.bookie.server import LongPoll, PeerBounds, is_idle, judge_long_poll
+from bookkeeper.bookie.core import LongPoll, is_idle, judge_long_poll
+from bookkeeper.bookie.server import PeerBounds
 from bookkeeper.client.digest import DigestManager, master_key
 from bookkeeper.config import BookieConfig, ConfigError
 from bookkeeper.proto import Flag, Op, Status, encode_request

@@ -1,6 +1,8 @@
 """The shard's decisions on requests, sans I/O (issue 25 item 2): pure functions of what the
 shard knows of a ledger, the shard's own state and the request, giving the answer's status
-and the effects the caller applies. No storage, journal, clock or connection is touched here.
+and the effects the caller applies (stage and journal an add, fence, park a long poll, look
+an entry up, answer once durable). No storage, journal, clock or connection is touched here:
+`ShardServer` (bookie/server.py) reads what they need and applies what they decide.
 
 Why: the add decision used to live twice, in the C add path (ext/bookkeeper/_ext/shardpath.pyx,
 `AddPath.dispatch`: OK adds of ledgers the shard knows) and in `ShardServer._add` (every
@@ -10,6 +12,7 @@ of its inputs that the C path takes exactly the adds it answers OK without creat
 (tests/test_bookie_core.py)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from bookkeeper.proto import ENTRY_HEADER_BYTES, Status
@@ -60,3 +63,127 @@ def decide_add(*, readonly: bool, known: bool, owned: bool, entry_id: int, paylo
     if fenced and not recovery:
         return ADD_FENCED
     return ADD_OK
+
+
+class LongPoll(enum.Enum):
+    """What a shard does with a long poll (see judge_long_poll)."""
+
+    ANSWER = "answer"    # the LAC covers the entry: the entry, or NO_SUCH_ENTRY with the LAC
+    UNKNOWN = "unknown"  # no such ledger here: NO_SUCH_LEDGER at once
+    NOW = "now"          # the connection's cap is reached: the current state at once
+    PARK = "park"        # wait for the LAC to cover the entry, or the poll's time
+
+
+def judge_long_poll(*, known: bool, covered: bool, parked: int, cap: int) -> LongPoll:
+    """A long poll's fate.
+
+    | ledger held | LAC covers entry | parked on the connection | fate    |
+    |-------------|------------------|--------------------------|---------|
+    | no          | -                | -                        | UNKNOWN |
+    | yes         | yes              | -                        | ANSWER  |
+    | yes         | no               | >= cap                   | NOW     |
+    | yes         | no               | < cap                    | PARK    |
+
+    Why refuse unknown ledgers: a parked poll costs memory and a timer, and ids are free
+    to invent. Why answer over the cap with the state rather than an error: the answer is
+    the one its expiry would give, which every client already handles (it asks again).
+    """
+    if not known:
+        return LongPoll.UNKNOWN
+    if covered:
+        return LongPoll.ANSWER
+    return LongPoll.NOW if parked >= cap else LongPoll.PARK
+
+
+def is_idle(*, now: float, last_request: float, timeout_s: float, outstanding: bool) -> bool:
+    """Whether to close a connection for idleness.
+
+    | timeout_s | outstanding (parked polls, unsent or unread answers, held requests) | silent >= timeout | idle |
+    |-----------|---------------------------------------------------------------------|-------------------|------|
+    | 0         | -                                                                   | -                 | no   |
+    | > 0       | yes                                                                 | -                 | no   |
+    | > 0       | no                                                                  | yes / no          | yes / no |
+    """
+    return timeout_s > 0 and not outstanding and now - last_request >= timeout_s
+
+
+class ReadAction(enum.Enum):
+    """What a shard does with a read (READ_ENTRY or READ_LAC)."""
+
+    REFUSE = "refuse"  # answer `status` now
+    LOOKUP = "lookup"  # answer what storage holds: the entry (else NO_SUCH_ENTRY, the LAC), or the last entry
+    FENCE = "fence"    # fence (state made first when `create`), journal it, answer the lookup once durable
+    PARK = "park"      # a long poll waits for the LAC to cover its entry, or for its time
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDecision:
+    """A read's decision: the action, the status of a refusal, whether a fence makes the
+    ledger's state, and whether a long poll was refused (counted: long_polls_refused)."""
+
+    action: ReadAction
+    status: Status = Status.OK
+    create: bool = False
+    poll_refused: bool = False
+
+
+READ_LOOKUP = ReadDecision(ReadAction.LOOKUP)
+READ_PARK = ReadDecision(ReadAction.PARK)
+READ_FENCE = ReadDecision(ReadAction.FENCE)
+READ_FENCE_CREATE = ReadDecision(ReadAction.FENCE, create=True)
+READ_BAD_REQUEST = ReadDecision(ReadAction.REFUSE, Status.BAD_REQUEST)
+READ_UNAUTHORIZED = ReadDecision(ReadAction.REFUSE, Status.UNAUTHORIZED)
+READ_NO_SUCH_LEDGER = ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_LEDGER)
+POLL_UNKNOWN = ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_LEDGER, poll_refused=True)
+POLL_NOW = ReadDecision(ReadAction.REFUSE, Status.NO_SUCH_ENTRY, poll_refused=True)
+
+
+def decide_fence(*, known: bool, key_given: bool, key_matches: bool) -> ReadDecision:
+    """A fencing read (FENCE flag): recovery's first step. It needs the ledger's key (an
+    unkeyed fence would let anyone stop any writer); a ledger this shard never saw is fenced
+    all the same, its state made with the key, so that a late first add of the old writer is
+    refused too. The answer leaves only once the fence is durable (journaled)."""
+    if not key_given:
+        return READ_UNAUTHORIZED
+    if not known:
+        return READ_FENCE_CREATE
+    return READ_FENCE if key_matches else READ_UNAUTHORIZED
+
+
+def decide_read(*, owned: bool, fence: bool, long_poll: bool, entry_id: int, known: bool, key_given: bool,
+                key_matches: bool, covered: bool, parked: int, cap: int) -> ReadDecision:
+    """A READ_ENTRY. owned: the ledger id maps to this shard; covered: the shard's LAC of the
+    ledger covers the entry; parked, cap: the connection's parked long polls and its bound.
+    A plain read needs no key (reads are authorized by role, before)."""
+    if not owned:
+        return READ_BAD_REQUEST
+    if fence:
+        return decide_fence(known=known, key_given=key_given, key_matches=key_matches)
+    if long_poll and entry_id >= 0:
+        fate = judge_long_poll(known=known, covered=covered, parked=parked, cap=cap)
+        return {LongPoll.PARK: READ_PARK, LongPoll.ANSWER: READ_LOOKUP, LongPoll.UNKNOWN: POLL_UNKNOWN,
+                LongPoll.NOW: POLL_NOW}[fate]
+    return READ_LOOKUP if known else READ_NO_SUCH_LEDGER
+
+
+def decide_read_lac(*, owned: bool, fence: bool, known: bool, key_given: bool, key_matches: bool) -> ReadDecision:
+    """A READ_LAC: the LAC and last entry id this shard holds (LOOKUP), fenced first with FENCE."""
+    if not owned:
+        return READ_BAD_REQUEST
+    if fence:
+        return decide_fence(known=known, key_given=key_given, key_matches=key_matches)
+    return READ_LOOKUP if known else READ_NO_SUCH_LEDGER
+
+
+def decide_write_lac(*, owned: bool, lac: int, known: bool, key_given: bool, key_matches: bool,
+                     fenced: bool) -> Status:
+    """A WRITE_LAC (an idle writer's LAC): OK means the shard raises its LAC of the ledger to
+    `lac` if higher, never lowers it. Only the ledger's writer (its key) may send one, and not
+    once the ledger is fenced: a recovered ledger's end is recovery's to say."""
+    if not owned or lac < 0:
+        return Status.BAD_REQUEST
+    if not known:
+        return Status.NO_SUCH_LEDGER
+    if not (key_given and key_matches):
+        return Status.UNAUTHORIZED
+    return Status.FENCED if fenced else Status.OK

@@ -36,7 +36,6 @@ takes only the adds the connection's `add_roles` cover.
 from __future__ import annotations
 
 import asyncio
-import enum
 import heapq
 import hmac
 import itertools
@@ -52,7 +51,8 @@ from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper._ext.shardpath import AddPath, fail_responses
-from bookkeeper.bookie.core import decide_add
+from bookkeeper.bookie.core import (ReadAction, decide_add, decide_read, decide_read_lac, decide_write_lac,
+                                    is_idle)
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import shard_histograms
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
@@ -112,48 +112,6 @@ class PeerBounds:
     write_buffer_high_bytes: int = 4 << 20
     max_long_polls_per_connection: int = 1_000
     idle_timeout_s: float = 600.0  # 0: never closed for idleness
-
-
-class LongPoll(enum.Enum):
-    """What a shard does with a long poll (see judge_long_poll)."""
-
-    ANSWER = "answer"    # the LAC covers the entry: the entry, or NO_SUCH_ENTRY with the LAC
-    UNKNOWN = "unknown"  # no such ledger here: NO_SUCH_LEDGER at once
-    NOW = "now"          # the connection's cap is reached: the current state at once
-    PARK = "park"        # wait for the LAC to cover the entry, or the poll's time
-
-
-def judge_long_poll(*, known: bool, covered: bool, parked: int, cap: int) -> LongPoll:
-    """A long poll's fate.
-
-    | ledger held | LAC covers entry | parked on the connection | fate    |
-    |-------------|------------------|--------------------------|---------|
-    | no          | -                | -                        | UNKNOWN |
-    | yes         | yes              | -                        | ANSWER  |
-    | yes         | no               | >= cap                   | NOW     |
-    | yes         | no               | < cap                    | PARK    |
-
-    Why refuse unknown ledgers: a parked poll costs memory and a timer, and ids are free
-    to invent. Why answer over the cap with the state rather than an error: the answer is
-    the one its expiry would give, which every client already handles (it asks again).
-    """
-    if not known:
-        return LongPoll.UNKNOWN
-    if covered:
-        return LongPoll.ANSWER
-    return LongPoll.NOW if parked >= cap else LongPoll.PARK
-
-
-def is_idle(*, now: float, last_request: float, timeout_s: float, outstanding: bool) -> bool:
-    """Whether to close a connection for idleness.
-
-    | timeout_s | outstanding (parked polls, unsent or unread answers, held requests) | silent >= timeout | idle |
-    |-----------|---------------------------------------------------------------------|-------------------|------|
-    | 0         | -                                                                   | -                 | no   |
-    | > 0       | yes                                                                 | -                 | no   |
-    | > 0       | no                                                                  | yes / no          | yes / no |
-    """
-    return timeout_s > 0 and not outstanding and now - last_request >= timeout_s
 
 
 class BookieProtocol(asyncio.Protocol):
@@ -832,7 +790,7 @@ class ShardServer:
         decision = decide_add(readonly=self.readonly, known=st is not None,
                               owned=st is not None or not self._wrong_shard(ledger_id), entry_id=entry_id,
                               payload_len=len(payload), header_matches=header_matches, key_given=key != NO_KEY,
-                              key_matches=st is not None and hmac.compare_digest(st.master_key, key),
+                              key_matches=self._key_matches(st, key),
                               fenced=st is not None and st.fenced, recovery=bool(flags & _RECOVERY_ADD))
         if decision.status != _OK:
             self.counters["add_errors"] += 1
@@ -853,101 +811,99 @@ class ShardServer:
         self.journal.append(REC_MASTER_KEY, ledger_id, -1, key, _NO_REPLY)  # type: ignore[union-attr]
         return st
 
-    def _fence(self, ledger_id: int, key: bytes) -> tuple[LedgerState | None, Status]:
-        """Fence a ledger, creating its state if this shard never saw it.
+    def _key_matches(self, st: LedgerState | None, key: bytes) -> bool:
+        """Whether a request's key is the ledger's (compared in constant time)."""
+        return st is not None and key != NO_KEY and hmac.compare_digest(st.master_key, key)
 
-        The caller journals a REC_FENCE record carrying its reply, so the reply
-        leaves only once the fence is durable.
-        """
-        self.counters["fence"] += 1
-        st = self.storage.ledger(ledger_id)
-        if key == NO_KEY:
-            return st, Status.UNAUTHORIZED
-        if st is None:
+    def _fence(self, ledger_id: int, st: LedgerState | None, key: bytes, create: bool) -> LedgerState:
+        """Apply a fence decided by bookie.core.decide_fence: the ledger's state (made with the
+        key if this shard never saw it) marked fenced. The caller journals a REC_FENCE record
+        carrying its reply, so the reply leaves only once the fence is durable."""
+        if create:
             st = self._new_ledger(ledger_id, key)
-        elif not hmac.compare_digest(st.master_key, key):
-            return st, Status.UNAUTHORIZED
+        assert st is not None
         st.fenced = True
-        return st, Status.OK
+        return st
 
     def _read(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, entry_id: int,
               key: bytes, aux: int) -> None:
+        """A READ_ENTRY, decided by bookie.core.decide_read, applied here."""
         op = Op.READ_ENTRY
-        if self._wrong_shard(ledger_id):
-            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, entry_id, -1, b""))
-        if flags & Flag.FENCE:
-            st, status = self._fence(ledger_id, key)
-            if status != Status.OK:
-                return conn.respond((op, status, req_id, ledger_id, entry_id, -1, b""))
-            assert st is not None and self.journal is not None
+        st = self.storage.ledger(ledger_id)
+        owned, fence = not self._wrong_shard(ledger_id), bool(flags & Flag.FENCE)
+        if fence and owned:
+            self.counters["fence"] += 1
+        decision = decide_read(owned=owned, fence=fence,
+                               long_poll=bool(flags & Flag.LONG_POLL), entry_id=entry_id, known=st is not None,
+                               key_given=key != NO_KEY, key_matches=self._key_matches(st, key),
+                               covered=st is not None and st.lac >= entry_id, parked=len(conn.polls),
+                               cap=self.bounds.max_long_polls_per_connection)
+        action = decision.action
+        if action is ReadAction.REFUSE:
+            if decision.poll_refused:
+                self.counters["long_polls_refused"] += 1
+            lac = st.lac if st is not None and decision.status == Status.NO_SUCH_ENTRY else -1
+            return conn.respond((op, decision.status, req_id, ledger_id, entry_id, lac, b""))
+        if action is ReadAction.PARK:
+            return self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
+        if action is ReadAction.FENCE:
+            st = self._fence(ledger_id, st, key, decision.create)
+            assert self.journal is not None
             data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
             status = Status.OK if data is not None else Status.NO_SUCH_ENTRY
             self.journal.append(REC_FENCE, ledger_id, -1, b"",
                                 (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b""), self.now))
             return None
-        st = self.storage.ledger(ledger_id)
+        assert st is not None
         if flags & Flag.LONG_POLL and entry_id >= 0:
-            # Long poll: answer once this bookie's LAC covers the entry (an acknowledged
-            # entry, never one that recovery might still drop), or when aux ms pass.
-            fate = judge_long_poll(known=st is not None, covered=st is not None and st.lac >= entry_id,
-                                   parked=len(conn.polls), cap=self.bounds.max_long_polls_per_connection)
-            if fate is LongPoll.PARK:
-                self._park(conn, req_id, ledger_id, entry_id, min(aux, LONG_POLL_MAX_MS))
-                return None
-            if fate is LongPoll.ANSWER:
-                return conn.respond(self._covered(ledger_id, entry_id, st.lac, req_id))  # type: ignore[union-attr]
-            self.counters["long_polls_refused"] += 1
-            if fate is LongPoll.UNKNOWN:
-                return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
-            return conn.respond((op, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, st.lac, b""))  # type: ignore[union-attr]
-        if st is None:
-            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, entry_id, -1, b""))
+            return conn.respond(self._covered(ledger_id, entry_id, st.lac, req_id))
         data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
         if data is None:
             return conn.respond((op, Status.NO_SUCH_ENTRY, req_id, ledger_id, entry_id, st.lac, b""))
-        conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
+        return conn.respond((op, Status.OK, req_id, ledger_id, entry_id, st.lac, data))
 
     def _read_lac(self, conn: BookieProtocol, flags: int, req_id: int, ledger_id: int, key: bytes) -> None:
+        """A READ_LAC, decided by bookie.core.decide_read_lac, applied here."""
         op = Op.READ_LAC
-        if self._wrong_shard(ledger_id):
-            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, -1, -1, b""))
-        if flags & Flag.FENCE:
-            st, status = self._fence(ledger_id, key)
-            if status != Status.OK:
-                return conn.respond((op, status, req_id, ledger_id, -1, -1, b""))
-            assert st is not None and self.journal is not None
+        st = self.storage.ledger(ledger_id)
+        owned, fence = not self._wrong_shard(ledger_id), bool(flags & Flag.FENCE)
+        if fence and owned:
+            self.counters["fence"] += 1
+        decision = decide_read_lac(owned=owned, fence=fence, known=st is not None,
+                                   key_given=key != NO_KEY, key_matches=self._key_matches(st, key))
+        if decision.action is ReadAction.REFUSE:
+            return conn.respond((op, decision.status, req_id, ledger_id, -1, -1, b""))
+        if decision.action is ReadAction.FENCE:
+            st = self._fence(ledger_id, st, key, decision.create)
+            assert self.journal is not None
             last = self.storage.last_entry_id(ledger_id)
             self.journal.append(REC_FENCE, ledger_id, -1, b"",
                                 (conn, (op, Status.OK, req_id, ledger_id, last, st.lac, b""), self.now))
             return None
-        st = self.storage.ledger(ledger_id)
-        if st is None:
-            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, -1, -1, b""))
-        conn.respond((op, Status.OK, req_id, ledger_id, self.storage.last_entry_id(ledger_id), st.lac, b""))
+        assert st is not None
+        return conn.respond((op, Status.OK, req_id, ledger_id, self.storage.last_entry_id(ledger_id), st.lac, b""))
 
     def _write_lac(self, conn: BookieProtocol, req_id: int, ledger_id: int, lac: int, key: bytes) -> None:
-        """An idle writer's LAC (explicit LAC): raises this shard's LAC of the ledger, never lowers it.
+        """An idle writer's LAC (explicit LAC), decided by bookie.core.decide_write_lac: raises
+        this shard's LAC of the ledger, never lowers it.
 
         Why not journaled: it is advisory. The LAC only ever covers entries an ack quorum
         stored durably, so a LAC lost in a restart costs a tailer a later wake-up, never an
-        entry; the piggybacked LAC of the entries themselves is what storage keeps. Only the
-        ledger's writer (its master key) may send it, and not once the ledger is fenced.
+        entry; the piggybacked LAC of the entries themselves is what storage keeps.
         """
         op = Op.WRITE_LAC
-        if self._wrong_shard(ledger_id) or lac < 0:
-            return conn.respond((op, Status.BAD_REQUEST, req_id, ledger_id, lac, -1, b""))
         st = self.storage.ledger(ledger_id)
-        if st is None:
-            return conn.respond((op, Status.NO_SUCH_LEDGER, req_id, ledger_id, lac, -1, b""))
-        if key == NO_KEY or not hmac.compare_digest(st.master_key, key):
-            return conn.respond((op, Status.UNAUTHORIZED, req_id, ledger_id, lac, st.lac, b""))
-        if st.fenced:
-            return conn.respond((op, Status.FENCED, req_id, ledger_id, lac, st.lac, b""))
-        if lac > st.lac:
-            st.lac = lac
-            if ledger_id in self._waiters:
-                self._to_wake.add(ledger_id)  # answered after this receive buffer: wake_parked
-        conn.respond((op, Status.OK, req_id, ledger_id, lac, st.lac, b""))
+        status = decide_write_lac(owned=not self._wrong_shard(ledger_id), lac=lac, known=st is not None,
+                                  key_given=key != NO_KEY, key_matches=self._key_matches(st, key),
+                                  fenced=st is not None and st.fenced)
+        if status == Status.OK:
+            assert st is not None
+            if lac > st.lac:
+                st.lac = lac
+                if ledger_id in self._waiters:
+                    self._to_wake.add(ledger_id)  # answered after this receive buffer: wake_parked
+        shown = -1 if st is None or status in (Status.BAD_REQUEST, Status.NO_SUCH_LEDGER) else st.lac
+        conn.respond((op, status, req_id, ledger_id, lac, shown, b""))
 
     # -- long poll -------------------------------------------------------------
     def _park(self, conn: BookieProtocol, req_id: int, ledger_id: int, entry_id: int, timeout_ms: int) -> None:
