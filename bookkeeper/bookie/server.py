@@ -44,13 +44,13 @@ import logging
 import math
 import shutil
 import struct
-import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper._ext.shardpath import AddPath, fail_responses
+from bookkeeper.clock import Clock, system_monotonic, system_wall
 from bookkeeper.bookie.core import (ReadAction, decide_add, decide_read, decide_read_lac, decide_write_lac,
                                     is_idle)
 from bookkeeper.bookie.journal import Journal
@@ -129,7 +129,7 @@ class BookieProtocol(asyncio.Protocol):
         self.held: deque[tuple[Any, ...]] = deque()  # requests received while writing_paused, answered on resume
         self._out_bytes = 0  # payload bytes of the answers in _out
         self.polls: dict[int, int] = {}  # parked long polls: number -> ledger
-        self.last_request = time.monotonic()
+        self.last_request = shard.clock()
         self._buffered = True  # the transport keeps what the peer has not taken (a socket's)
         # Trust (docs/protocol.md, START_TLS, AUTH, Authorization): until `open`, frames are
         # parsed here (_pre_auth), only START_TLS and AUTH served; once open, the principal's
@@ -187,7 +187,7 @@ class BookieProtocol(asyncio.Protocol):
         it again unless the shard's own backpressure holds it (release_backpressure does then)."""
         self.writing_paused = False
         self.shard.write_paused.discard(self)
-        self.shard.now = time.monotonic()
+        self.shard.now = self.shard.clock()
         while self.held and not self.writing_paused and not self.closed:
             self.shard.handle(self, self.held.popleft())
         self.shard.wake_parked()
@@ -222,7 +222,7 @@ class BookieProtocol(asyncio.Protocol):
             self._buf.clear()
         if self.roles_gen != self.shard.trust.authz.generation:
             self._refresh_roles()
-        now = self.shard.now = self.last_request = time.monotonic()  # every request's arrival time
+        now = self.shard.now = self.last_request = self.shard.clock()  # every request's arrival time
         bad: FrameError | None
         if self._buf:
             self._buf += data
@@ -263,7 +263,7 @@ class BookieProtocol(asyncio.Protocol):
         PRE_AUTH_FRAME_BYTES, only START_TLS and AUTH served (anything else: AUTHENTICATION,
         then closed). Once AUTH opens it, what follows goes to the add path."""
         self._buf += data
-        self.shard.now = self.last_request = time.monotonic()
+        self.shard.now = self.last_request = self.shard.clock()
         buf = self._buf
         while not self.open and not self._refusing and len(buf) >= 4:
             flen = _U32.unpack_from(buf)[0] + 4
@@ -377,7 +377,8 @@ class BookieProtocol(asyncio.Protocol):
         self._auth = None
         if not step.principal:
             return self._auth_failed(frame, f"the {provider.name} plug-in named no principal")
-        if step.expires_at is not None and step.expires_at <= time.time():  # else served until its timer runs
+        # else served until its timer runs
+        if step.expires_at is not None and step.expires_at <= self.shard.wall_clock():
             return self._auth_failed(frame, f"the {provider.name} plug-in's credential expired already")
         self.shard.counters["auth_successes"] += 1
         self._authenticated(step.principal, step.expires_at)
@@ -398,7 +399,8 @@ class BookieProtocol(asyncio.Protocol):
             self._expiry.cancel()
             self._expiry = None
         if expires_at is not None:
-            self._expiry = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expired)
+            self._expiry = asyncio.get_running_loop().call_later(max(0.0, expires_at - self.shard.wall_clock()),
+                                                                 self._expired)
         if not self.open:
             self.open = True
             self.shard.leave_unauthenticated(self)
@@ -487,8 +489,11 @@ class ShardServer:
     def __init__(self, *, storage: LedgerStorage, shard_index: int, shards: int,
                  max_frame_bytes: int, readonly: bool, data_dir: str,
                  write_cache_max_bytes: int = 64 << 20, bounds: PeerBounds = PeerBounds(),
-                 trust: ShardTrust | None = None) -> None:
+                 trust: ShardTrust | None = None, clock: Clock = system_monotonic,
+                 wall_clock: Clock = system_wall) -> None:
         self.storage = storage
+        self.clock = clock  # arrivals, idleness, back-off, latencies (bookkeeper/clock.py)
+        self.wall_clock = wall_clock  # token expiry
         self.write_cache_max_bytes = write_cache_max_bytes
         self.journal: Journal | None = None
         self.shard_index = shard_index
@@ -547,7 +552,7 @@ class ShardServer:
             return self._refuse("connections_refused", f"{len(self.connections)} open, max_connections = "
                                 f"{self.bounds.max_connections}")
         host = _host_of(conn.peer)
-        if len(trust.backoff) and host is not None and trust.backoff.blocked(host, time.monotonic()):
+        if len(trust.backoff) and host is not None and trust.backoff.blocked(host, self.clock()):
             return self._refuse("auth_backoff_refused", f"{host} is backed off after repeated AUTH or TLS failures")
         if trust.gated:
             if len(self.unauthenticated) >= trust.max_unauthenticated:
@@ -581,7 +586,7 @@ class ShardServer:
 
     def _refuse(self, counter: str, why: str) -> bool:
         self.counters[counter] += 1
-        now = time.monotonic()
+        now = self.clock()
         if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:
             self._refusal_logged = now
             log.warning("refusing connections: %s (%d refused so far)", why, self.counters[counter])
@@ -597,7 +602,7 @@ class ShardServer:
                 self.counters["auth_timeouts"] += 1
                 log.debug("closing connection %s: not authenticated within auth_timeout_s", conn.peer)
                 if conn.host is not None:  # holding a slot silently is an offence too: else one
-                    self.trust.backoff.failed(conn.host, time.monotonic())  # address renews its hold forever
+                    self.trust.backoff.failed(conn.host, self.clock())  # address renews its hold forever
                 conn.close()
         self._auth_sweep = loop.call_at(deadlines[0][0], self._sweep_unauthenticated) if deadlines else None
 
@@ -606,7 +611,7 @@ class ShardServer:
         self.counters["tls_handshake_failures"] += 1
         host = _host_of(conn.peer)
         if host is not None:
-            self.trust.backoff.failed(host, time.monotonic())
+            self.trust.backoff.failed(host, self.clock())
         log.debug("TLS handshake with %s failed: %s", conn.peer, describe_tls_failure(exc, peer=str(conn.peer)))
 
     def auth_refused(self, conn: BookieProtocol, reason_cls: str, *, offence: bool) -> None:
@@ -614,7 +619,7 @@ class ShardServer:
         self.auth_failures[reason_cls] += 1
         host = _host_of(conn.peer)
         if offence and host is not None:
-            self.trust.backoff.failed(host, time.monotonic())
+            self.trust.backoff.failed(host, self.clock())
 
     def maybe_reload(self) -> None:
         """Re-read the TLS files, the token keys and the roles file where they changed."""
@@ -632,7 +637,7 @@ class ShardServer:
         self._idle_sweep = asyncio.get_running_loop().call_later(self.bounds.idle_timeout_s / 4, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         timeout = self.bounds.idle_timeout_s
         for conn in [c for c in self.connections if is_idle(now=now, last_request=c.last_request,
                                                             timeout_s=timeout, outstanding=c.outstanding())]:
@@ -684,7 +689,7 @@ class ShardServer:
         """
         per_conn: dict[BookieProtocol, list[Response]] = {}
         pending: dict[BookieProtocol, int] = {}
-        now, run_t, run = time.monotonic(), 0.0, 0
+        now, run_t, run = self.clock(), 0.0, 0
         for item in items:
             conn, resp, t = item[0], item[1], item[2]
             if resp is None:
@@ -751,9 +756,9 @@ class ShardServer:
                 if flags & _LONG_POLL:
                     self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
                 else:
-                    t0 = time.monotonic()
+                    t0 = self.clock()
                     self._read(conn, flags, req_id, ledger_id, entry_id, key, aux)
-                    self._read_latency.observe(time.monotonic() - t0)
+                    self._read_latency.observe(self.clock() - t0)
             elif op == _READ_LAC:
                 self._read_lac(conn, flags, req_id, ledger_id, key)
             elif op == _WRITE_LAC:

@@ -37,7 +37,6 @@ import logging
 import mmap
 import os
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 
 from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
 from bookkeeper.bookie.files import fsync_dir, zero_fill
+from bookkeeper.clock import Clock, system_monotonic
 from bookkeeper.bookie.journal.policy import BlockScan, FileHeader, ReplayStep, flush_reason, replay_step
 from bookkeeper.bookie.journal.syncer import Syncer
 
@@ -106,8 +106,9 @@ class Journal:
                  on_failed: Callable[[list[Any], OSError], None],
                  group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20, batch_entries_max: int = 65536,
                  preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
-                 reuse_files: int = 4) -> None:
+                 reuse_files: int = 4, clock: Clock = system_monotonic) -> None:
         self.dir = Path(directory)
+        self.clock = clock  # group waits and sync latencies (bookkeeper/clock.py: virtual in a simulation)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.syncer = syncer
         self.loop = loop
@@ -334,7 +335,7 @@ class Journal:
             self.on_failed([item], self._failed)
             return
         if self._batch.count == 0:
-            self._batch_started = time.monotonic()
+            self._batch_started = self.clock()
         self._batch.add(rtype, ledger_id, entry_id, data)
         self._batch_items.append(item)
         self._appended()
@@ -344,7 +345,7 @@ class Journal:
         shardpath.pyx, which checks that the journal has not failed): item is handed to
         on_durable once they are durable. started_batch: they were its first records."""
         if started_batch:
-            self._batch_started = time.monotonic()
+            self._batch_started = self.clock()
         self._batch_items.append(item)
         self._appended()
 
@@ -369,7 +370,7 @@ class Journal:
             return  # one sync in flight: the batch fills until it returns (policy.flush_reason)
         reason = flush_reason(
             batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
-            oldest_wait_us=int((time.monotonic() - self._batch_started) * 1e6) if self._batch.count else 0,
+            oldest_wait_us=int((self.clock() - self._batch_started) * 1e6) if self._batch.count else 0,
             sync_in_flight=False,
             group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max,
             batch_entries_max=self.batch_entries_max)
@@ -377,7 +378,7 @@ class Journal:
             self._flush()
         elif self._batch.count and self._timer is None:
             # Only the rest of the wait: the batch may have filled behind a sync already.
-            waited_s = time.monotonic() - self._batch_started
+            waited_s = self.clock() - self._batch_started
             self._timer = self.loop.call_later(max(0.0, self.group_wait_us_max / 1e6 - waited_s), self._on_timer)
 
     def _on_timer(self) -> None:
@@ -413,7 +414,7 @@ class Journal:
         self.stats["records"] += batch.count
         self.stats["bytes"] += len(block)
         self._inflight_size = (batch.count, len(block))
-        self._inflight_started = time.monotonic()
+        self._inflight_started = self.clock()
         self.syncer.submit(self._fd, block, offset, self._on_synced)
 
     def _on_synced(self, err: OSError | None) -> None:
@@ -426,7 +427,7 @@ class Journal:
             self._fail(err, items)
         else:
             if self.observe_batch is not None:
-                self.observe_batch(*self._inflight_size, time.monotonic() - self._inflight_started)
+                self.observe_batch(*self._inflight_size, self.clock() - self._inflight_started)
             try:
                 if self._pos >= self.file_max_bytes:
                     self._open_new_file()  # roll while nothing is in flight
