@@ -4,8 +4,10 @@ ones, so the same code runs in virtual time. `system_monotonic` measures interva
 latencies, group-commit waits); `system_wall` is calendar time (token expiry, which a token states
 in seconds since the epoch).
 
-Why not the event loop's `time()`: uvloop's is the loop iteration's cached millisecond, too
-coarse for a journal sync's latency or a microsecond group wait.
+Timers and deadlines (a group-commit wait, a parked long poll's expiry) stay the event loop's
+(`call_later`, `loop.time()`): a simulation runs them on a virtual-time loop. What is read
+here is the rest. Why not the loop's `time()` for it too: uvloop's is the loop iteration's
+cached millisecond, too coarse for a journal sync's latency or a microsecond group wait.
 """
 from __future__ import annotations
 

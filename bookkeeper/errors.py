@@ -26,11 +26,11 @@ class BKError(Exception):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "code" not in cls.__dict__:
-            return
-        owner = _REGISTRY.setdefault(cls.code, cls)
-        if owner is not cls or cls.code == ROOT_CODE:
-            raise TypeError(f"error code {cls.code} of {cls.__name__} is already "
-                            f"{owner.__name__ if owner is not cls else 'BKError'}'s: each code names one error")
+            return  # it shares its parent's code (a narrower case of the same error)
+        owner = BKError if cls.code == ROOT_CODE else _REGISTRY.setdefault(cls.code, cls)
+        if owner is not cls:
+            raise TypeError(f"error code {cls.code} of {cls.__name__} is already {owner.__name__}'s: "
+                            "each code names one error")
 
 
 class ProtocolError(BKError):
@@ -266,9 +266,10 @@ class BookieStartError(BKError):
 
 
 class InternalError(BKError):
-    """An unexpected error (a defect) inside the client ended an operation: an ensemble change
-    or a stream segment roll raised something no BookKeeper error stands for. The message
-    names it; the log has its traceback. Please report it."""
+    """An unexpected error (a defect) ended an operation: an ensemble change, a stream segment
+    roll or an auto-recovery step raised something no BookKeeper error stands for, or
+    ZooKeeper failed a multi-op in a way the code does not expect. The message names it; the
+    log has its traceback. Please report it."""
 
     code = 34
 

@@ -26,6 +26,9 @@ def test_every_code_names_one_class_and_a_second_claimant_is_refused() -> None:
         type("Impostor", (BKError,), {"code": 4})
     with pytest.raises(TypeError, match="already BKError's"):
         type("Root2", (BKError,), {"code": errors.ROOT_CODE})
+    assert errors._REGISTRY[4] is errors.UnauthorizedError and errors.ROOT_CODE not in errors._REGISTRY
+    narrower = type("Narrower", (errors.ConfigError,), {})  # no code of its own: its parent's
+    assert narrower.code == errors.ConfigError.code and errors._REGISTRY[narrower.code] is errors.ConfigError
 
 
 def test_each_wire_status_becomes_the_class_whose_code_it_is() -> None:

@@ -248,7 +248,10 @@ class Cluster:
                     files / f"{name}.jsonl").exists() and b'"type":"ok","f":"add"' in (files / f"{name}.jsonl").read_bytes(),
                     timeout_s=60, every_s=0.2)
                 assert load.poll() is None, f"bk verify exited {load.returncode} before {step}"
-                result = action()
+                try:
+                    result, failure = action(), None
+                except Exception as e:  # raised below, once the load's report is kept
+                    result, failure = None, e
             finally:  # a failed action still ends the load and keeps its history for the final check
                 load.send_signal(signal.SIGINT)
                 try:
@@ -265,6 +268,8 @@ class Cluster:
         report: dict[str, Any] = json.loads(report_text)
         report["history_file"] = history
         self.loads[step] = report  # kept for the final offline check, whatever it says
+        if failure is not None:
+            raise failure
         assert not report["anomalies"] and not report["writer_errors"], \
             (step, {k: report[k] for k in ("anomalies", "writer_errors", "writer_error_samples")})
         _step(step, started)
@@ -406,7 +411,7 @@ def test_rolling_upgrade_to_the_new_wheel_under_load(cluster: Cluster) -> None:
     assert all(zookeepers.values()), zookeepers
     cluster.extra_vars = ["-e", f"bookie_wheel={cluster.wheel}"]
     result = recap(cluster.under_load("rolling upgrade", lambda: cluster.playbook("site.yml", "--limit", "bookies")))
-    assert set(result) == set(BOOKIES) and all(c > 0 and f == 0 for c, _, f in result.values()), result
+    assert set(result) == set(BOOKIES) and all(c > 0 and u == f == 0 for c, u, f in result.values()), result
     assert {z: cluster.supervisor_pid(z, "zookeeper") for z in ZOOKEEPERS} == zookeepers
     version = cluster.wheel.name.split("-")[1]
     for b in BOOKIES:

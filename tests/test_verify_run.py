@@ -9,6 +9,7 @@ Reference: issue 24 items 4 and 5; docs/operations.md, "Checking a cluster".
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -140,3 +141,29 @@ def test_a_second_signal_aborts_without_the_check(cluster5: LocalCluster, tmp_pa
     assert run.returncode == 130 and run.stdout == "", (run.returncode, run.stdout, run.stderr[-3000:])
     code, report = bk_verify(["check", str(history)], capsys)
     assert code == 4 and report["unchecked"] and report["anomalies"] == [], report
+
+
+def test_a_terminal_ctrl_c_twice_during_a_heal_lets_the_heal_finish(cluster5: LocalCluster, tmp_path: Path) -> None:
+    """Signals to bk verify's whole process group, as a terminal's Ctrl-C sends them, while a
+    fault step's heal runs: the fault command (its own session) gets none, and the abort (two
+    signals) waits for the heal to end before exiting 130."""
+    log = tmp_path / "faults.log"
+    cmd = (f'echo "$BK_VERIFY_PHASE start" >> {log}; [ "$BK_VERIFY_PHASE" = heal ] && sleep 2; '
+           f'echo "$BK_VERIFY_PHASE end" >> {log}')
+    bk = str(Path(sys.executable).parent / "bk")
+    proc = subprocess.Popen([bk, "verify", "run", "--uri", cluster5.metadata_uri, "--seconds", "600", "--writers", "1",
+                             "--ensembles", "3/2/2", "--tailers", "0", "--streams", "0", "--rate", "200", "--seed", "3",
+                             "--faults", cmd, "--fault-kinds", "kill", "--fault-hold", "0.2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until("a heal under way", lambda: log.exists() and "heal start" in log.read_text(), timeout_s=90,
+                   every_s=0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert log.read_text().splitlines()[-2:] == ["heal start", "heal end"], log.read_text()

@@ -24,7 +24,7 @@ import time
 from bookkeeper.autorecovery.events import Poke, Switch, wait_any
 from bookkeeper.autorecovery.replicator import LedgerReplicator, Outcome, ReplicationStats, UnreplicableError
 from bookkeeper.client.client import BookKeeper
-from bookkeeper.errors import BKError
+from bookkeeper.errors import BKError, InternalError
 from bookkeeper.meta.underreplication import Mark, UnderReplicationManager
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class ReplicationWorker:
                 await self._process(ledger_id)
             except Exception as e:  # a bug must not end the worker for the bookie's lifetime: said, backed off
                 log.exception("ledger %d: replication failed unexpectedly", ledger_id)
-                self._failed(ledger_id, e, RETRY_MAX_S)
+                self._failed(ledger_id, InternalError(f"{type(e).__name__}: {e}"), RETRY_MAX_S)
             finally:
                 self.current = None
                 try:
@@ -123,11 +123,11 @@ class ReplicationWorker:
                 log.info("ledger %d: its mark changed while it was replicated: looking again", ledger_id)
             self._backoff.pop(ledger_id, None)
         except UnreplicableError as e:
-            self._failed(ledger_id, e, RETRY_MAX_S)
+            self._failed(ledger_id, InternalError(f"{type(e).__name__}: {e}"), RETRY_MAX_S)
         except BKError as e:
             self._failed(ledger_id, e, min(RETRY_MAX_S, self._backoff.get(ledger_id, RETRY_MIN_S / 2) * 2))
 
-    def _failed(self, ledger_id: int, err: Exception, retry_s: float) -> None:
+    def _failed(self, ledger_id: int, err: BKError, retry_s: float) -> None:
         self.stats.failures += 1
         self.stats.last_error = f"ledger {ledger_id}: {err}"
         self._backoff[ledger_id] = retry_s

@@ -840,7 +840,7 @@ class ShardServer:
             self.counters["fence"] += 1
         decision = decide_read(owned=owned, fence=fence,
                                long_poll=bool(flags & Flag.LONG_POLL), entry_id=entry_id, known=st is not None,
-                               key_given=key != NO_KEY, key_matches=self._key_matches(st, key),
+                               key_given=key != NO_KEY, key_matches=fence and self._key_matches(st, key),
                                covered=st is not None and st.lac >= entry_id, parked=len(conn.polls),
                                cap=self.bounds.max_long_polls_per_connection)
         action = decision.action
@@ -875,7 +875,7 @@ class ShardServer:
         if fence and owned:
             self.counters["fence"] += 1
         decision = decide_read_lac(owned=owned, fence=fence, known=st is not None,
-                                   key_given=key != NO_KEY, key_matches=self._key_matches(st, key))
+                                   key_given=key != NO_KEY, key_matches=fence and self._key_matches(st, key))
         if decision.action is ReadAction.REFUSE:
             return conn.respond((op, decision.status, req_id, ledger_id, -1, -1, b""))
         if decision.action is ReadAction.FENCE:

@@ -3,7 +3,7 @@
 
 `bk verify run` ends its load at --seconds or at the first SIGINT or SIGTERM, whichever comes
 first, then reads everything back and checks it; a second signal aborts without a check (exit
-130).
+130) once the fault step under way is healed; a third quits at once.
 
 Exit codes: 0 no anomaly; 1 an anomaly (each printed with its kind, ledger, entry and history
 line); 3 no anomaly, but a fault step's command failed (the run did not test what it was
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, metadata_uri, out
+from bookkeeper.errors import BKError
 from bookkeeper.verify.checker import HistoryRecordError, VerifyReport, check_history
 from bookkeeper.verify.history import HistoryFormatError, read_history
 from bookkeeper.verify.nemesis import COMMAND_KINDS, DEFAULT_HOLD_S, CommandFaults, fault_schedule, parse_kinds
@@ -116,7 +118,9 @@ def _options(args: argparse.Namespace, **more: Any) -> WorkloadOptions:
 async def _ending_early_on_signal(run: Callable[[WorkloadState], Awaitable[VerifyReport]]) -> VerifyReport | None:
     """Run the workload; the first SIGINT or SIGTERM ends its load early, and what ran is read
     back and checked as at the end of --seconds (so a run can last as long as something else
-    does, and Ctrl-C still gives a verdict). A second signal aborts: None, the check not done."""
+    does, and Ctrl-C still gives a verdict). A second signal aborts once the fault step under
+    way is healed: None, the check not done. A third quits at once (exit 130). A signal that
+    arrives while the history is being checked is too late: the check finishes."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
@@ -127,11 +131,15 @@ async def _ending_early_on_signal(run: Callable[[WorkloadState], Awaitable[Verif
         nonlocal signals
         signals += 1
         if signals == 1:
+            state.stopping.set()
             print("bk verify: ending the load now; reading back and checking (signal again to abort)",
                   file=sys.stderr, flush=True)
-            state.stopping.set()
         elif signals == 2:
+            print("bk verify: aborting once the fault step under way is healed (signal again to quit at once)",
+                  file=sys.stderr, flush=True)
             main.cancel()
+        else:  # the user insists: the history's unwritten tail and a heal under way are given up
+            os._exit(130)
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal)
@@ -192,6 +200,8 @@ def cmd_local(args: argparse.Namespace) -> int:
         kinds = parse_kinds(args.fault_kinds) if args.fault_kinds else None
         report = uvloop.run(run_local(opts, bookies=args.bookies, directory=Path(args.dir) if args.dir else None,
                                       kinds=kinds, ack_before_sync=args.test_ack_before_sync))
+    except BKError:
+        raise  # InvalidArgumentError is a ValueError too, but not the user's: bk reports it as an error
     except ValueError as e:
         raise UsageError(str(e)) from None
     return print_report(report, as_json=args.json)

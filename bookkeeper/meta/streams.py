@@ -39,11 +39,10 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 from kazoo.protocol.states import WatchedEvent
 
 from bookkeeper.errors import (
-    BKError,
+    InternalError,
     InvalidArgumentError,
     InvalidStreamNameError,
     MetadataFormatError,
-    MetadataServiceError,
     MetadataVersionError,
     StreamExistsError,
     StreamNotFoundError,
@@ -316,4 +315,6 @@ def _raise_first(results: list[Any], what: str) -> None:
                 raise MetadataVersionError(f"{what}: the stream changed meanwhile (another writer?)") from r
             if isinstance(r, NoNodeError):
                 raise StreamNotFoundError(f"{what}: the stream or segment is gone") from r
-            raise MetadataServiceError(f"{what}: {type(r).__name__}") from r
+            if isinstance(r, NodeExistsError):
+                raise MetadataVersionError(f"{what}: the stream changed meanwhile (another writer?)") from r
+            raise InternalError(f"{what}: ZooKeeper failed the multi-op with {type(r).__name__}") from r

@@ -96,8 +96,11 @@ class CommandFaults:
         env = {**os.environ, "BK_VERIFY_FAULT": step.kind, "BK_VERIFY_PHASE": phase,
                "BK_VERIFY_STEP": str(step.step), "BK_VERIFY_TARGET": str(step.target),
                "BK_VERIFY_SEED": str(self.seed)}
+        # Its own session: a Ctrl-C at the terminal (the whole foreground process group) is
+        # bk verify's to act on (end the load, heal, check); it must not kill a heal under way.
         proc = await asyncio.create_subprocess_exec("sh", "-c", self.command, env=env, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True)
         try:
             async with asyncio.timeout(self.timeout_s):
                 out, _ = await proc.communicate()

@@ -497,7 +497,7 @@ async def _run_all(run: _Run, faults: FaultExecutor | None, steps: list[FaultSte
         finally:
             s.stopping.set()
             if nemesis is not None:
-                await nemesis  # the step under way heals before the read-back
+                await _heal_even_if_cancelled(nemesis)  # the step under way heals before the read-back
             for t in readers:  # readers follow forever: they stop now; writers end their ledgers
                 t.cancel()
             await _settle(writers + readers)
@@ -515,6 +515,23 @@ async def _run_all(run: _Run, faults: FaultExecutor | None, steps: list[FaultSte
             await ns.close()
         await others_bk.close()
         await writers_bk.close()
+
+
+async def _heal_even_if_cancelled(nemesis: asyncio.Task[None]) -> None:
+    """Wait for the fault schedule to end (it heals the step under way), also when this run is
+    being cancelled (bk verify's second signal): an aborted run must not leave the cluster
+    faulted. The cancellation is raised again once the schedule has ended."""
+    cancelled = False
+    while not nemesis.done():
+        try:
+            await asyncio.shield(nemesis)
+        except asyncio.CancelledError:
+            if nemesis.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    nemesis.result()
 
 
 async def _settle(tasks: list[asyncio.Task[None]]) -> None:
