@@ -46,6 +46,7 @@ import pytest
 
 from bookkeeper.testing.hosts import Host, TestHosts, namespaces_unavailable
 from bookkeeper.testing.waiting import wait_until
+from bookkeeper.verify.history import has_acknowledged_add
 from tests.ansible_tools import ANSIBLE_DIR, ansible_env, failures, recap, role_tasks_play, tool
 from tests.conftest import REPO
 
@@ -244,9 +245,8 @@ class Cluster:
                                   stdout=out, stderr=err, stdin=subprocess.DEVNULL)
             started = time.monotonic()
             try:
-                wait_until(f"bk verify under {step} acknowledging adds", lambda: load.poll() is not None or (
-                    files / f"{name}.jsonl").exists() and b'"type":"ok","f":"add"' in (files / f"{name}.jsonl").read_bytes(),
-                    timeout_s=60, every_s=0.2)
+                wait_until(f"bk verify under {step} acknowledging adds", lambda: load.poll() is not None
+                           or has_acknowledged_add(files / f"{name}.jsonl"), timeout_s=60, every_s=0.2)
                 assert load.poll() is None, f"bk verify exited {load.returncode} before {step}"
                 try:
                     result, failure = action(), None

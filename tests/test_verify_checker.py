@@ -18,7 +18,7 @@ import pytest
 
 from bookkeeper.cli.main import main
 from bookkeeper.verify import ANOMALY_KINDS, History, check_history, fault_schedule, read_history
-from bookkeeper.verify.history import digest, payload
+from bookkeeper.verify.history import digest, has_acknowledged_add, payload
 from bookkeeper.verify.nemesis import parse_kinds
 from bookkeeper.errors import BookieUnavailableError, NoSuchEntryError
 from bookkeeper.verify.workload import NON_RETRIABLE_TRIES, parse_ensembles, try_again
@@ -389,3 +389,18 @@ def test_a_writer_still_waiting_at_the_end_stalled_until_the_end() -> None:
     h.add("run", "info", "end", t=61.0)
     r = check_history(h.records)
     assert r.longest_stall_s == pytest.approx(60.0) and r.longest_stall_proc == "w0"
+
+
+def test_has_acknowledged_add_sees_the_first_acknowledged_add_as_history_writes_it(tmp_path: Path) -> None:
+    """A harness waits on has_acknowledged_add: false for no file, for invocations and other
+    completions, true once History has flushed an add's ok record."""
+    path = tmp_path / "h.jsonl"
+    assert not has_acknowledged_add(path)
+    with History(path) as h:
+        h.record("w0", "invoke", "add", ledger_id=1, entry_id=0)
+        h.record("r0", "ok", "read", ledger_id=1, entry_id=0, values=[])
+        h.flush()
+        assert not has_acknowledged_add(path)
+        h.record("w0", "ok", "add", ledger_id=1, entry_id=0)
+        h.flush()
+        assert has_acknowledged_add(path)

@@ -22,6 +22,7 @@ from bookkeeper.cli.main import main
 from bookkeeper.testing.cluster import LocalCluster
 from bookkeeper.testing.waiting import wait_until
 from bookkeeper.verify import read_history
+from bookkeeper.verify.history import has_acknowledged_add
 from bookkeeper.verify.local import DEFAULT_KINDS, GAP_S, HOLD_S
 from bookkeeper.verify.nemesis import fault_schedule
 
@@ -109,8 +110,8 @@ def _run_until_signalled(cluster: LocalCluster, history: Path,
                              "--history", str(history), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until("an acknowledged add in the history", lambda: history.exists()
-                   and b'"type":"ok","f":"add"' in history.read_bytes(), timeout_s=60, every_s=0.2)
+        wait_until("an acknowledged add in the history", lambda: has_acknowledged_add(history), timeout_s=60,
+                   every_s=0.2)
         for sig in signals:
             proc.send_signal(sig)
         out, err = proc.communicate(timeout=240)

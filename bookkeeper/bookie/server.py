@@ -377,7 +377,7 @@ class BookieProtocol(asyncio.Protocol):
         self._auth = None
         if not step.principal:
             return self._auth_failed(frame, f"the {provider.name} plug-in named no principal")
-        # else served until its timer runs
+        # A credential expired already is refused; one that expires later is served until its timer runs.
         if step.expires_at is not None and step.expires_at <= self.shard.wall_clock():
             return self._auth_failed(frame, f"the {provider.name} plug-in's credential expired already")
         self.shard.counters["auth_successes"] += 1

@@ -116,6 +116,21 @@ class History:
             self._file = None
 
 
+# How the record of an acknowledged add starts (History.record writes i, t, proc, type, f in
+# that order, without spaces).
+ACKNOWLEDGED_ADD = b'"type":"ok","f":"add"'
+
+
+def has_acknowledged_add(path: Path) -> bool:
+    """Whether a history being written already holds an acknowledged add (its run's load has
+    begun): what a harness waits for before it injects a fault or signals the run. A partial
+    last line is fine; a file not made yet is False."""
+    try:
+        return ACKNOWLEDGED_ADD in path.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
 class HistoryFormatError(ValueError):
     """A history line that is not a JSON object with the keys every record has."""
 
