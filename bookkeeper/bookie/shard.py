@@ -61,6 +61,26 @@ def apply_records(storage: LedgerStorage, records: list[Record]) -> None:
             storage.put_entry(ledger_id, entry_id, data, entry_header(data)[2])
 
 
+async def checkpoint(loop: asyncio.AbstractEventLoop, storage: LedgerStorage, journal: Journal,
+                     server: ShardServer) -> int:
+    """One checkpoint: the write cache flushed to the entry log + index (off the loop), then
+    the journal files before the mark dropped; returns the entry bytes flushed. A failed flush
+    loses nothing: the cache is kept, the journal is not trimmed, the next checkpoint retries.
+    One implementation for the shard process and the simulator (bookkeeper/testing/sim)."""
+    mark = journal.position()
+    nbytes = storage.write_cache_bytes - ENTRY_OVERHEAD_BYTES * len(storage.write_cache)
+    snap = storage.snapshot()
+    server.release_backpressure()  # the write cache is empty again
+    try:
+        await loop.run_in_executor(None, storage.flush, snap, mark)
+    except BaseException:
+        storage.flush_failed(snap)
+        raise
+    storage.flush_done(snap)
+    journal.trim(mark[0])
+    return nbytes
+
+
 DISK_GUARD_S = 0.05  # while adds flow, a shard measures its disks at most this often (statvfs: ~2 us each)
 
 
@@ -219,19 +239,12 @@ class Shard:
 
     async def checkpoint(self) -> None:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
-        mark = self.journal.position()
-        nbytes = self.storage.write_cache_bytes - ENTRY_OVERHEAD_BYTES * len(self.storage.write_cache)
-        snap = self.storage.snapshot()
-        self.server.release_backpressure()  # the write cache is empty again
         t0 = time.monotonic()
         try:
-            await self.loop.run_in_executor(None, self.storage.flush, snap, mark)
+            nbytes = await checkpoint(self.loop, self.storage, self.journal, self.server)
         except BaseException:
-            self.storage.flush_failed(snap)  # nothing lost, journal kept: the next checkpoint retries
             self.counters["checkpoint_failures"] += 1
             raise
-        self.storage.flush_done(snap)
-        self.journal.trim(mark[0])
         self.counters["checkpoints"] += 1
         self.counters["checkpoint_bytes"] += nbytes
         self.server.histograms["checkpoint_duration_seconds"].observe(time.monotonic() - t0)

@@ -30,6 +30,7 @@ from bookkeeper.bookie.admin_client import AdminHTTPError, admin_error_text, adm
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, err, error_line, metadata_uri, out
 from bookkeeper.cli.security import add_security_parsers
 from bookkeeper.cli.stream import add_stream_parsers
+from bookkeeper.cli.sim import add_sim_parser
 from bookkeeper.cli.verify import add_verify_parsers
 from bookkeeper.cli.zk import add_zk_parsers
 from bookkeeper.errors import BKError
@@ -803,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_sandbox_parser, _add_bookie_parser, _add_bookies_parsers, _add_ledger_parsers, _add_bench_parser,
                 _add_autorecovery_parsers, add_stream_parsers, add_security_parsers, add_zk_parsers,
-                add_verify_parsers, _add_simpletest_parser):
+                add_verify_parsers, add_sim_parser, _add_simpletest_parser):
         add(sub, common)
     return p
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from bookkeeper._ext.client import RequestPipe
 from bookkeeper.client.config import ClientConfig
+from bookkeeper.clock import Clock, system_monotonic
 from bookkeeper.errors import (AuthenticationError, BKError, BookieUnavailableError, ConfigError, TimeoutError,
                                error_for_status)
 from bookkeeper.proto import (DEFAULT_MAX_FRAME_BYTES, NO_KEY, FrameError, Op, Status, encode_request,
@@ -281,8 +282,10 @@ class ShardConnection:
     """
 
     def __init__(self, host: str, port: int, *, timeout_s: float, max_frame_bytes: int,
-                 bookie_id: str | None = None, trust: ClientTrust | None = None) -> None:
+                 bookie_id: str | None = None, trust: ClientTrust | None = None,
+                 clock: Clock = system_monotonic) -> None:
         self.host, self.port = host, port
+        self.clock = clock
         self.bookie_id = bookie_id or f"{host}:{port}"
         # How messages name the peer: its id, and the shard's address when that differs.
         self.peer = self.bookie_id if self.bookie_id == f"{host}:{port}" else f"{self.bookie_id} at {host}:{port}"
@@ -291,7 +294,7 @@ class ShardConnection:
         self.trust = trust or ClientTrust()
         self._loop = asyncio.get_running_loop()
         self.pipe = RequestPipe(max_frame_bytes, self._error_for, functools.partial(self._loop.call_soon, self._flush),
-                                self._flush)
+                                self._flush, clock=None if clock is system_monotonic else clock)
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._renewal: asyncio.TimerHandle | None = None
@@ -361,7 +364,7 @@ class ShardConnection:
         # Set-up answered nothing when it had no AUTH round: a close soon after, before the first
         # answer, is then still the bookie refusing this client's certificate.
         self._unanswered_close = setup.refusal if session is None else None
-        self._handshake_at = time.monotonic()
+        self._handshake_at = self.clock()
         return transport, session
 
     async def _start_tls(self, transport: asyncio.Transport, setup: _SetupProtocol) -> asyncio.Transport:
@@ -477,7 +480,7 @@ class ShardConnection:
         self.pipe.connected = False
         self.pipe.discard_outbox()
         refusal = (self._unanswered_close if not self.answered
-                   and time.monotonic() - self._handshake_at < CERT_REFUSAL_WINDOW_S else None)
+                   and self.clock() - self._handshake_at < CERT_REFUSAL_WINDOW_S else None)
         err = (error or self._refused or tls_refusal(exc, self.peer) or (refusal() if refusal is not None else None)
                or BookieUnavailableError(f"connection to {self.peer} lost: {exc or 'closed'}"))
         self._refused = None
@@ -506,8 +509,10 @@ class BookieClientPool:
     """Shard-aware routing: bookie id + ledger id -> the owning shard's connection."""
 
     def __init__(self, resolve: Callable[[str], dict[str, Any] | None], *, timeout_s: float = 30.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, trust: ClientTrust | None = None) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, trust: ClientTrust | None = None,
+                 clock: Clock = system_monotonic) -> None:
         self._resolve = resolve
+        self.clock = clock  # request deadlines (bookkeeper/clock.py)
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.trust = trust or ClientTrust()
@@ -552,7 +557,7 @@ class BookieClientPool:
         if conn is None:
             conn = self._conns[key] = ShardConnection(host, port, timeout_s=self.timeout_s,
                                                       max_frame_bytes=self.max_frame_bytes, bookie_id=bookie_id,
-                                                      trust=self.trust)
+                                                      trust=self.trust, clock=self.clock)
             if self._sweeper is None:
                 self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return conn
@@ -589,7 +594,7 @@ class BookieClientPool:
         per tls_reload_interval_s): a renewed certificate or CA serves the next connection."""
         while True:
             await asyncio.sleep(0.1)
-            now = time.monotonic()
+            now = self.clock()
             for conn in list(self._conns.values()):
                 conn.expire(now)
             if self.trust.tls is not None:
@@ -609,25 +614,26 @@ class BookieHealth:
     """Which bookies erred or timed out lately, each for `penalty_s` after its last error
     (client loop only): reads try them last, placement avoids them."""
 
-    def __init__(self, penalty_s: float) -> None:
+    def __init__(self, penalty_s: float, clock: Clock = system_monotonic) -> None:
         self.penalty_s = penalty_s
+        self.clock = clock
         self._until: dict[str, float] = {}
 
     def penalize(self, bookie_id: str) -> None:
-        self._until[bookie_id] = time.monotonic() + self.penalty_s
+        self._until[bookie_id] = self.clock() + self.penalty_s
 
     def is_slow(self, bookie_id: str) -> bool:
         until = self._until.get(bookie_id)
         if until is None:
             return False
-        if until < time.monotonic():
+        if until < self.clock():
             del self._until[bookie_id]
             return False
         return True
 
     def current(self) -> set[str]:
         """The bookies penalized now (expired ones are forgotten)."""
-        now = time.monotonic()
+        now = self.clock()
         for b in [b for b, until in self._until.items() if until < now]:
             del self._until[b]
         return set(self._until)
@@ -635,7 +641,7 @@ class BookieHealth:
     def penalized_now(self) -> set[str]:
         """current() without forgetting expired ones: a read only, safe from another thread
         (a metrics scrape) while the loop penalizes and forgets."""
-        now = time.monotonic()
+        now = self.clock()
         return {b for b, until in list(self._until.items()) if until >= now}
 
     def order(self, replicas: list[str]) -> list[str]:

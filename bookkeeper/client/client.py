@@ -23,6 +23,7 @@ from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth, Clie
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.client.core.placement import choose_ensemble, choose_replacement
 from bookkeeper.client.digest import master_key
+from bookkeeper.clock import Clock, system_monotonic
 from bookkeeper.client.ledger import ReadHandle, WriteHandle, recover
 from bookkeeper.errors import (
     AuthorizationError,
@@ -50,18 +51,21 @@ class BookKeeper:
     """Client of one BookKeeper cluster (asyncio). Create with `await BookKeeper.connect(uri)`."""
 
     def __init__(self, store: ZkMetadataStore, config: ClientConfig | None = None, *,
-                 seed: int | None = None, trust: ClientTrust | None = None) -> None:
+                 seed: int | None = None, trust: ClientTrust | None = None,
+                 clock: Clock = system_monotonic) -> None:
         """trust: how bookie connections are secured; by default what the config's trust keys
-        say (tls, tls_*_file, auth_provider, auth_token)."""
+        say (tls, tls_*_file, auth_provider, auth_token). clock: what deadlines, penalties and
+        latencies are measured with (bookkeeper/clock.py; a simulation passes virtual time)."""
         self.store = store
+        self.clock = clock
         self.config = (config or ClientConfig()).validate()
         # A refused certificate or AUTH exchange is an error of the requests that met it, like
         # any other: not a slow bookie (health penalizes it for slow_bookie_penalty_s at most).
         self.pool = BookieClientPool(self._resolve, timeout_s=max(self.config.add_timeout_s,
                                                                   self.config.read_timeout_s),
-                                     trust=trust or ClientTrust.from_config(self.config))
-        self.health = BookieHealth(self.config.slow_bookie_penalty_s)
-        self.quarantine = BookieHealth(self.config.bookie_quarantine_s)
+                                     trust=trust or ClientTrust.from_config(self.config), clock=clock)
+        self.health = BookieHealth(self.config.slow_bookie_penalty_s, clock)
+        self.quarantine = BookieHealth(self.config.bookie_quarantine_s, clock)
         # What bookkeeper.metrics reports: counters by name, and the latencies of acknowledged
         # adds (observed in C by each write handle's AddTracker) and of entry reads.
         self.stats: dict[str, int] = defaultdict(int)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from bookkeeper.client.core import AckSink, AddTracker, entry_missing, fence_covered, write_set
 from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer, unheld_pause_s
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
+from bookkeeper.clock import system_monotonic
 from bookkeeper.errors import (
     BKError,
     BookieUnavailableError,
@@ -84,7 +84,7 @@ class _EntryRead:
         self.next = 0
         self.outstanding = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.started = time.monotonic()
+        self.started = handle._bk.clock()
         self.send_next()
 
     def send_next(self) -> bool:
@@ -123,7 +123,7 @@ class _EntryRead:
             else:
                 if self.timer is not None:
                     self.timer.cancel()
-                h._bk.read_latency.observe(time.monotonic() - self.started)
+                h._bk.read_latency.observe(h._bk.clock() - self.started)
                 self.fut.set_result(result)
                 return
         if not isinstance(err, _DENIALS):
@@ -482,7 +482,8 @@ class WriteHandle(ReadHandle):
         # A recovery's rewrites are not recorded: they are the fenced writer's entries again.
         self._tracker = AddTracker(ensemble_size=metadata.ensemble_size, write_quorum=metadata.write_quorum,
                                    ack_quorum=metadata.ack_quorum, lac=lac, length=length,
-                                   latency=None if recovery else bk.add_latency)
+                                   latency=None if recovery else bk.add_latency,
+                                   clock=None if bk.clock is system_monotonic else bk.clock)
         self._recovery = recovery
         self._lac_floor = lac
         self._add_flags = Flag.RECOVERY_ADD if recovery else 0

@@ -151,7 +151,7 @@ class ZkMetadataStore:
     """Ledger metadata, bookie registrations, cookies and id allocation in ZooKeeper."""
 
     def __init__(self, uri: str, *, session_timeout_ms: int = 10_000, connect_timeout_s: float = 2.0,
-                 create: bool = True, security: ZkSecurity | None = None) -> None:
+                 create: bool = True, security: ZkSecurity | None = None, client: Any = None) -> None:
         """Connect; create=True (bookies) lays out a new cluster's znodes, create=False (clients)
         refuses a path that holds no cluster: a mistyped root must not look like an empty cluster.
         security: credentials (and ACLs on what this store writes), TLS files for a zk+tls://
@@ -161,13 +161,15 @@ class ZkMetadataStore:
         address refuses or is unreachable, after connect_timeout_s per address that does not
         answer a TCP connect, after the session timeout when one accepts TCP and starts no session.
         MetadataAuthError when the cluster's ACLs refuse these credentials (or their absence).
+        client: a started kazoo-compatible client to use instead of connecting (the simulator's
+        znode-level ZooKeeper, bookkeeper/testing/sim); the URI then only names the root.
         """
         self.uri = uri
         self.hosts, self.root = parse_metadata_uri(uri)
         self.security = security or ZkSecurity()
         self.doc = SecurityDoc()
         self._private_key: X25519PrivateKey | None = None
-        self.zk: KazooClient = start_client(
+        self.zk: KazooClient = client if client is not None else start_client(
             self.hosts, session_timeout_s=session_timeout_ms / 1000.0, connect_timeout_s=connect_timeout_s,
             client_factory=functools.partial(GuardedKazooClient, security=self.security,
                                              **kazoo_options(self.security, tls=uses_tls(uri))))

@@ -106,7 +106,10 @@ class Journal:
                  on_failed: Callable[[list[Any], OSError], None],
                  group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20, batch_entries_max: int = 65536,
                  preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
-                 reuse_files: int = 4, clock: Clock = system_monotonic) -> None:
+                 reuse_files: int = 4, clock: Clock = system_monotonic,
+                 spare_filler: concurrent.futures.Executor | None = None) -> None:
+        """spare_filler: where the next file is zero-filled ahead of a roll (default: a thread of
+        its own; the simulator's runs the job at once, so a run does not depend on a thread)."""
         self.dir = Path(directory)
         self.clock = clock  # group waits and sync latencies (bookkeeper/clock.py: virtual in a simulation)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +130,7 @@ class Journal:
         self._fd = -1
         self._pos = 0
         self._allocated = 0
-        self._filler: concurrent.futures.ThreadPoolExecutor | None = None
+        self._filler: concurrent.futures.Executor | None = spare_filler
         self._spare: concurrent.futures.Future[None] | None = None
         self._blocks_in_file = 0  # n of the next block's seq
         self._batch = JournalBatch()

@@ -237,18 +237,22 @@ cdef class RequestPipe:
     cdef object _schedule_flush
     cdef object _flush_now
     cdef Py_ssize_t _eager_bytes
+    cdef object _clock
     cdef public bint connected
 
     def __cinit__(self, Py_ssize_t max_frame, error_for, schedule_flush, flush_now,
-                  Py_ssize_t eager_bytes=16384):
+                  Py_ssize_t eager_bytes=16384, clock=None):
         """error_for(status[, payload]) -> BKError (payload, the bookie's reason for the error,
         is passed only when the response has one: a view valid during the call when the
         request borrowed); schedule_flush() arranges one write of the outbox
         (called when a frame lands in an empty outbox of a connected pipe); flush_now()
         writes it at once (called when the outbox reaches eager_bytes: a burst of requests,
         e.g. sent from the callbacks of one big receive buffer, starts reaching the bookie
-        while the rest is still being made, instead of all at the end of the loop turn)."""
+        while the rest is still being made, instead of all at the end of the loop turn).
+        clock: seconds now, read once per send (None: CLOCK_MONOTONIC read in C, no Python
+        call; a simulation passes its virtual clock, bookkeeper/testing/sim)."""
         self._out = bytearray()
+        self._clock = clock
         self._rbuf = NULL
         self._rcap = self._rstart = self._rend = 0
         self._generation = 0
@@ -275,7 +279,7 @@ cdef class RequestPipe:
         caller must see that a connection is under way (its frames wait in the outbox).
         borrow: the callback gets the response payload as a view it must not keep."""
         return self._send(op, flags, ledger_id, entry_id, key, aux, payload, callback, ctx, timeout_s, borrow,
-                          _monotonic())
+                          _monotonic() if self._clock is None else <double>self._clock())
 
     cdef bint _send(self, int op, int flags, uint64_t ledger_id, int64_t entry_id, bytes key, uint32_t aux,
                     bytes payload, callback, ctx, double timeout_s, bint borrow, double sent) except -1:
@@ -532,9 +536,11 @@ cdef class AddTracker:
     cdef list _payloads
     cdef list _sent
     cdef tuple _write_sets
+    cdef object _clock
 
     def __cinit__(self, *, int ensemble_size, int write_quorum, int ack_quorum, int64_t lac=-1,
-                  int64_t length=0, LatencyHistogram latency=None):
+                  int64_t length=0, LatencyHistogram latency=None, clock=None):
+        """clock: seconds now, for add times and latencies (None: CLOCK_MONOTONIC read in C)."""
         if not (1 <= ack_quorum <= write_quorum <= ensemble_size):
             raise ValueError(f"need 1 <= Qa <= Qw <= E, got E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
         if ensemble_size > MAX_ENSEMBLE:
@@ -543,6 +549,7 @@ cdef class AddTracker:
         self.lac = lac
         self.length = length
         self._latency = latency
+        self._clock = clock
         self._cap = 0
         self._head = 0
         self._count = 0
@@ -601,6 +608,9 @@ cdef class AddTracker:
             return -1
         return (self._head + <Py_ssize_t>off) % self._cap
 
+    cdef inline double _now(self) except? -1.0:
+        return _monotonic() if self._clock is None else <double>self._clock()
+
     cdef inline bint _in_write_set(self, int64_t entry_id, int idx) noexcept:
         return 0 <= idx < self.e and (idx - entry_id % self.e + self.e) % self.e < self.qw
 
@@ -614,7 +624,7 @@ cdef class AddTracker:
         With ensemble, each write-set slot is marked as sent to that ensemble's bookie
         (the list is shared, not copied: mark_sent copies before it changes a slot).
         """
-        return self._add(entry_id, size, future, payload, ensemble, _monotonic())
+        return self._add(entry_id, size, future, payload, ensemble, self._now())
 
     def send_entries(self, list datas, int64_t first_entry, int64_t piggyback_lac, int64_t length,
                      int kind, bytes mac_key, uint64_t ledger_id, bytes key, int flags, list ensemble,
@@ -629,7 +639,7 @@ cdef class AddTracker:
         cdef tuple ws
         cdef bytes data, payload
         cdef uint64_t unconnected = 0
-        cdef double now = _monotonic()  # once per batch: its requests and entries are sent in this call
+        cdef double now = self._now()  # once per batch: its requests and entries are sent in this call
         if len(pipes) != self.e:
             raise ValueError(f"{len(pipes)} pipes for a ledger of ensemble size {self.e}")
         for i in range(n):
@@ -717,7 +727,7 @@ cdef class AddTracker:
             self.length += self._sizes[pos]
             if self._latency is not None:
                 if now[0] < 0.0:
-                    now[0] = _monotonic()
+                    now[0] = self._now()
                 self._latency._observe(now[0] - self._sent_at[pos])
             fut = self._futures[pos]
             self._futures[pos] = None

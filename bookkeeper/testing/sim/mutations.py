@@ -1,0 +1,123 @@
+"""Mutations: known-wrong variants of the write and recovery rules, swapped in by the
+simulator only (for the length of one run), to show that its invariants catch them.
+
+Each is a small patch over the production module it breaks, undone when the run ends;
+nothing here is imported by production code. A mutation that no seed catches says the
+simulator cannot see that class of bug: `tests/test_sim.py` runs each over CI's seeds.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bookkeeper.client import ledger
+from bookkeeper.meta.ledger_metadata import LedgerState
+
+MUTATIONS: dict[str, str] = {
+    "ack-before-qa": "the writer acknowledges an entry once Qa - 1 bookies stored it",
+    "lac-from-unacked": "a batch piggybacks as LAC the entry before it, acknowledged or not",
+    "recovery-fences-one": "recovery goes on after the first bookie answers its fence",
+    "recovery-without-fence": "recovery's reads carry no FENCE flag (nothing is fenced)",
+    "fenced-takes-add": "a bookie answers a fence but does not mark the ledger fenced",
+    "ack-before-fsync": "the journal device reports a write durable before it is synced",
+    "no-resend-to-replaced": "an ensemble change does not resend outstanding entries to the new bookie",
+    "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
+    "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
+}
+
+
+class _NoFence:
+    """ledger.Flag with FENCE worth nothing (RECOVERY_ADD kept)."""
+
+    FENCE = 0
+    RECOVERY_ADD = ledger.Flag.RECOVERY_ADD
+    LONG_POLL = ledger.Flag.LONG_POLL
+
+
+def _tracker_with(qa_drop: int = 0, lac_ahead: bool = False) -> Callable[..., Any]:
+    base = ledger.AddTracker
+
+    class Tracker(base):  # type: ignore[misc, valid-type]
+        def send_entries(self, datas: list[bytes], first_entry: int, piggyback_lac: int, *rest: Any) -> Any:
+            return super().send_entries(datas, first_entry, first_entry - 1 if lac_ahead else piggyback_lac, *rest)
+
+    def make(*, ensemble_size: int, write_quorum: int, ack_quorum: int, **kw: Any) -> Any:
+        return Tracker(ensemble_size=ensemble_size, write_quorum=write_quorum,
+                       ack_quorum=max(1, ack_quorum - qa_drop), **kw)
+    return make
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, old)
+
+
+def _fence_ignored() -> contextlib.AbstractContextManager[None]:
+    from bookkeeper.bookie.server import ShardServer
+    original = ShardServer._fence
+
+    def fence(self: Any, ledger_id: int, st: Any, key: bytes, create: bool) -> Any:
+        st = original(self, ledger_id, st, key, create)
+        st.fenced = False
+        return st
+    return _patched(ShardServer, "_fence", fence)
+
+
+def _no_resend() -> contextlib.AbstractContextManager[None]:
+    original = ledger.WriteHandle._send_add
+
+    def send_add(self: Any, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
+        sent = self._tracker.sent_to(entry_id)
+        if sent and sent[idx] is not None and sent[idx] != bookie:
+            self._tracker.mark_sent(entry_id, idx, bookie)  # counted as resent, never sent
+            return
+        original(self, entry_id, idx, bookie, payload)
+    return _patched(ledger.WriteHandle, "_send_add", send_add)
+
+
+def _forget_writer_segments() -> contextlib.AbstractContextManager[None]:
+    from bookkeeper.client.client import BookKeeper
+    original = BookKeeper._write_metadata
+
+    async def write(self: Any, md: Any) -> Any:
+        if md.state is LedgerState.IN_RECOVERY and md.writer_ensembles:
+            md = md.replace(writer_ensembles=None)
+        return await original(self, md)
+    return _patched(BookKeeper, "_write_metadata", write)
+
+
+@contextlib.contextmanager
+def applied(name: str | None) -> Iterator[None]:
+    """The production code with mutation `name` swapped in (none: unchanged)."""
+    if name is None:
+        yield
+        return
+    if name not in MUTATIONS:
+        raise ValueError(f"no mutation {name!r} (bk sim --list-mutations)")
+    patch: contextlib.AbstractContextManager[None]
+    if name == "ack-before-qa":
+        patch = _patched(ledger, "AddTracker", _tracker_with(qa_drop=1))
+    elif name == "lac-from-unacked":
+        patch = _patched(ledger, "AddTracker", _tracker_with(lac_ahead=True))
+    elif name == "recovery-fences-one":
+        patch = _patched(ledger, "fence_covered", lambda ok, **_kw: bool(ok))
+    elif name == "recovery-without-fence":
+        patch = _patched(ledger, "Flag", _NoFence)
+    elif name == "fenced-takes-add":
+        patch = _fence_ignored()
+    elif name == "no-resend-to-replaced":
+        patch = _no_resend()
+    elif name == "no-replacement-on-late-failure":
+        patch = _patched(ledger.WriteHandle, "_still_writing_to", lambda *_a: False)
+    elif name == "recovery-from-interrupted-segments":
+        patch = _forget_writer_segments()
+    else:  # ack-before-fsync: the simulated journal device itself (SimSyncer(ack_before_sync=True))
+        patch = contextlib.nullcontext()
+    with patch:
+        yield

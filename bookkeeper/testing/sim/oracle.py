@@ -1,0 +1,176 @@
+"""What the simulator knows that no node does, and the invariants it checks with it.
+
+The oracle reads every frame a bookie receives and every frame it answers (taps on the
+bookie's end of each simulated connection, parsed by the production parsers), and what
+the workload was told (acknowledged adds, closes, reads). From that, checked as each
+event happens:
+
+- `ack-quorum`: an add the writer saw acknowledged was answered OK by at least Qa bookies
+  before the acknowledgement (AllAckedEntriesAreReadable needs it; the mutation
+  "ack before Qa" breaks it);
+- `lac-ahead`: a LAC a writer tells a bookie (piggybacked on an add, or WRITE_LAC) never
+  covers an entry fewer than Qa bookies answered OK (NoDirtyReads: tailers trust it);
+- `fenced-add`: a bookie that answered a fencing read for a ledger never answers OK to a
+  plain (non-recovery) add of it afterwards, across its restarts;
+- `acked-after-close`: no add is acknowledged past the entry the ledger was closed at
+  (Apache BookKeeper's #2614);
+- `closed-diverged`: every close of a ledger names the same last entry
+  (NoDivergenceBetweenClientAndMetaData);
+- `lost-on-restart`: a restarted bookie holds every entry it answered OK for;
+- `dirty-read`: a read returns what the writer wrote for that entry, and a reader's LAC
+  never passes what Qa bookies hold;
+- `lost-entry`: at the end (faults healed), every ledger closes and every acknowledged
+  entry up to its end reads back with the writer's bytes;
+- `stuck`: once faults heal, a writer's add or a recovery finishes within the time
+  allowed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from bookkeeper.proto import Flag, Op, Status, parse_requests, parse_responses
+
+MAX_FRAME = 5 << 20
+
+
+class Violation(Exception):
+    """An invariant does not hold: the seed that shows it is a bug (or a caught mutation)."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"{invariant}: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+
+
+@dataclass
+class LedgerTruth:
+    """One ledger as the simulator knows it."""
+
+    ledger_id: int
+    ack_quorum: int
+    data: list[bytes] = field(default_factory=list)  # what the writer added, by entry id
+    acked: int = -1  # the highest entry the writer saw acknowledged
+    closed_at: int | None = None  # the last entry of its first close
+    ok: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))  # entry -> bookies that said OK
+    prefix: int = -1  # every entry up to here was answered OK by >= Qa bookies
+
+
+class _Tap:
+    """One bookie connection's frames: requests by id (their flags), responses matched to them."""
+
+    __slots__ = ("bookie", "rx", "tx", "requests")
+
+    def __init__(self, bookie: str) -> None:
+        self.bookie = bookie
+        self.rx = bytearray()
+        self.tx = bytearray()
+        self.requests: dict[int, tuple[int, int, int, int]] = {}  # id -> op, flags, ledger, entry
+
+
+class Oracle:
+    """The invariants, checked as frames and workload events happen."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, LedgerTruth] = {}
+        self.fenced: set[tuple[str, int]] = set()  # (bookie, ledger) that answered a fence
+        self.said_ok: dict[str, set[tuple[int, int]]] = defaultdict(set)  # bookie -> (ledger, entry)
+        self.violation: Violation | None = None
+        self.checks = 0
+
+    def fail(self, invariant: str, detail: str) -> None:
+        if self.violation is None:
+            self.violation = Violation(invariant, detail)
+
+    def ledger(self, ledger_id: int, ack_quorum: int) -> LedgerTruth:
+        truth = self.ledgers.get(ledger_id)
+        if truth is None:
+            truth = self.ledgers[ledger_id] = LedgerTruth(ledger_id, ack_quorum)
+        return truth
+
+    # -- frames ----------------------------------------------------------------------
+    def tap(self, bookie: str) -> _Tap:
+        return _Tap(bookie)
+
+    def requests_in(self, tap: _Tap, data: bytes) -> None:
+        """Bytes a bookie received: record each request; check the LACs writers tell."""
+        tap.rx += data
+        frames, used = parse_requests(bytes(tap.rx), MAX_FRAME)
+        del tap.rx[:used]
+        for op, flags, rid, ledger_id, entry_id, _key, _aux, _payload, blob_lac in frames:
+            tap.requests[rid] = (op, flags, ledger_id, entry_id)
+            truth = self.ledgers.get(ledger_id)
+            if truth is None:
+                continue
+            told = blob_lac if op == Op.ADD_ENTRY else entry_id if op == Op.WRITE_LAC else -1
+            self.checks += 1
+            if told > truth.prefix:
+                self.fail("lac-ahead", f"ledger {ledger_id}: {tap.bookie} told LAC {told} "
+                          f"({Op(op).name}) while only entries up to {truth.prefix} were on Qa bookies")
+
+    def responses_out(self, tap: _Tap, data: bytes) -> None:
+        """Bytes a bookie answered: fences, OK adds (and the fenced-add invariant)."""
+        tap.tx += data
+        frames, used = parse_responses(bytes(tap.tx), MAX_FRAME)
+        del tap.tx[:used]
+        for op, status, rid, ledger_id, entry_id, _lac, _payload in frames:
+            req = tap.requests.pop(rid, None)
+            if req is None:
+                continue
+            _op, flags, _l, _e = req
+            if flags & Flag.FENCE and op in (Op.READ_ENTRY, Op.READ_LAC) and status in (Status.OK,
+                                                                                       Status.NO_SUCH_ENTRY):
+                self.fenced.add((tap.bookie, ledger_id))
+            elif op == Op.ADD_ENTRY and status == Status.OK:
+                self.checks += 1
+                if not flags & Flag.RECOVERY_ADD and (tap.bookie, ledger_id) in self.fenced:
+                    self.fail("fenced-add", f"{tap.bookie} answered OK to a plain add of entry {entry_id} of "
+                              f"ledger {ledger_id} after it answered a fence for it")
+                self.said_ok[tap.bookie].add((ledger_id, entry_id))
+                truth = self.ledgers.get(ledger_id)
+                if truth is not None:
+                    truth.ok[entry_id].add(tap.bookie)
+                    while len(truth.ok.get(truth.prefix + 1, ())) >= truth.ack_quorum:
+                        truth.prefix += 1
+
+    # -- workload events -----------------------------------------------------------
+    def acked(self, truth: LedgerTruth, entry_id: int) -> None:
+        self.checks += 1
+        n = len(truth.ok.get(entry_id, ()))
+        if n < truth.ack_quorum:
+            self.fail("ack-quorum", f"ledger {truth.ledger_id}: entry {entry_id} acknowledged with OK from {n} "
+                      f"bookie(s), Qa is {truth.ack_quorum}")
+        if truth.closed_at is not None and entry_id > truth.closed_at:
+            self.fail("acked-after-close", f"ledger {truth.ledger_id}: entry {entry_id} acknowledged after the "
+                      f"ledger was closed at {truth.closed_at}")
+        truth.acked = max(truth.acked, entry_id)
+
+    def closed(self, truth: LedgerTruth, last: int, by: str) -> None:
+        self.checks += 1
+        if truth.closed_at is None:
+            truth.closed_at = last
+        elif truth.closed_at != last:
+            self.fail("closed-diverged", f"ledger {truth.ledger_id}: closed at {truth.closed_at}, then {by} says "
+                      f"{last}")
+        if truth.acked > last:
+            self.fail("acked-after-close", f"ledger {truth.ledger_id}: entry {truth.acked} was acknowledged but "
+                      f"{by} closed it at {last}")
+
+    def read(self, truth: LedgerTruth, entry_id: int, data: bytes, lac: int) -> None:
+        self.checks += 1
+        if entry_id >= len(truth.data) or truth.data[entry_id] != data:
+            self.fail("dirty-read", f"ledger {truth.ledger_id}: entry {entry_id} read back as {data[:16]!r}..., "
+                      f"not what the writer added")
+        if lac > truth.prefix and (truth.closed_at is None or lac > truth.closed_at):
+            self.fail("dirty-read", f"ledger {truth.ledger_id}: a reader saw LAC {lac}, but only entries up to "
+                      f"{truth.prefix} were on Qa bookies")
+
+    def restarted(self, bookie: str, holds: Any) -> None:
+        """holds(ledger, entry) -> bool: what the bookie's storage has after its replay."""
+        for ledger_id, entry_id in sorted(self.said_ok.get(bookie, ())):
+            self.checks += 1
+            if not holds(ledger_id, entry_id):
+                self.fail("lost-on-restart", f"{bookie} answered OK for entry {entry_id} of ledger {ledger_id} "
+                          f"but does not hold it after its restart")
+                return

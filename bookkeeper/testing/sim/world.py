@@ -1,0 +1,714 @@
+"""The simulated cluster: bookies, ZooKeeper, clients and their workload, faults, in one
+thread on virtual time (see bookkeeper/testing/sim/__init__.py for what runs for real).
+
+Bookies are the production shard parts (`ShardServer` with its C `AddPath`, `Journal`,
+`LedgerStorage` on real files in a temporary directory) over a `SimSyncer`; their start
+is the shard's (replay from the checkpoint mark, `apply_records`, a checkpoint, then
+listen) and their checkpoints are `bookkeeper.bookie.shard.checkpoint`. Clients are
+`BookKeeper` over `ZkMetadataStore` over the simulated ZooKeeper, with the loop's clock.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import random
+import shutil
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.server import BookieProtocol, ShardServer
+from bookkeeper.bookie.shard import apply_records, checkpoint
+from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.client.client import BookKeeper
+from bookkeeper.client.config import ClientConfig
+from bookkeeper.errors import BKError
+from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.testing.sim.disk import SimSyncer
+from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
+from bookkeeper.testing.sim.oracle import LedgerTruth, Oracle, Violation
+from bookkeeper.testing.sim.zk import SimZooKeeper
+
+URI = "zk://sim:2181/ledgers"
+PASSWORD = b"sim"
+WALL_EPOCH = 1.8e9  # the wall clock's reading at virtual time 0 (token expiry reads wall time)
+STALL_S = 30.0  # no progress this long (virtual): faults stop; this long again after that: `stuck`
+QUORUMS = [(3, 2, 2)] * 4 + [(3, 3, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One run's shape, all of it drawn from the seed (or the default profile)."""
+
+    seed: int
+    ops: int
+    bookies: int = 5
+    shards: int = 1
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    writers: int = 2
+    faults: bool = True
+    fault_gap_s: float = 0.1  # mean virtual time between fault injections
+    zk_loss_rate: float = 0.01
+    zk_reply_loss_rate: float = 0.01
+    max_down: int = 1  # bookies down at once, at most
+    add_rate: float = 1000.0  # adds per (virtual) second, per writer, on average
+
+    @classmethod
+    def default(cls, seed: int, ops: int, *, faults: bool = True) -> SimConfig:
+        """The benchmark profile: 3/2/2 on 5 bookies of one shard, two writers, faults on."""
+        return cls(seed=seed, ops=ops, faults=faults)
+
+    @classmethod
+    def from_seed(cls, seed: int, ops: int, *, faults: bool = True) -> SimConfig:
+        rng = random.Random(f"config:{seed}")
+        e, qw, qa = rng.choice(QUORUMS)
+        return cls(seed=seed, ops=ops, bookies=e + rng.randint(1, 3), shards=rng.choice((1, 1, 2)),
+                   ensemble=e, write_quorum=qw, ack_quorum=qa, writers=rng.randint(1, 3), faults=faults,
+                   fault_gap_s=rng.choice((0.05, 0.1, 0.3)), zk_loss_rate=rng.choice((0.0, 0.01, 0.05)),
+                   zk_reply_loss_rate=rng.choice((0.0, 0.01, 0.05)), max_down=rng.choice((1, 1, 2)),
+                   add_rate=rng.choice((300.0, 1000.0, 3000.0)))
+
+    def describe(self) -> str:
+        return (f"E/Qw/Qa {self.ensemble}/{self.write_quorum}/{self.ack_quorum}, {self.bookies} bookies x "
+                f"{self.shards} shard(s), {self.writers} writer(s), faults {'on' if self.faults else 'off'}"
+                f"{f' (every ~{self.fault_gap_s} s, up to {self.max_down} bookie(s) down)' if self.faults else ''}")
+
+
+class Trace:
+    """The run's story, a line per event, stamped with virtual time: compared byte for byte
+    between runs of one seed; the last lines are shown with a violation."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keep_all: bool) -> None:
+        self.loop = loop
+        self.lines: list[str] | None = [] if keep_all else None
+        self.tail: deque[str] = deque(maxlen=50)
+        self.count = 0
+
+    def __call__(self, line: str) -> None:
+        text = f"{self.loop.time():12.6f} {NODE.get():9} {line}"
+        self.count += 1
+        self.tail.append(text)
+        if self.lines is not None:
+            self.lines.append(text)
+
+
+class _Inline(concurrent.futures.Executor):
+    """Runs a job at once (the journal's spare-file filler: no thread in a simulation)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - the future carries it, as a pool's would
+            fut.set_exception(e)
+        return fut
+
+
+class SimShard:
+    """One shard of a simulated bookie: the production parts, a simulated journal device."""
+
+    def __init__(self, bookie: SimBookie, index: int) -> None:
+        self.bookie = bookie
+        self.index = index
+        self.dir = bookie.dir / f"shard{index}"
+        self.port = 3181 + index
+        self.storage: LedgerStorage | None = None
+        self.server: ShardServer | None = None
+        self.journal: Journal | None = None
+        self.syncer: SimSyncer | None = None
+
+    async def start(self) -> None:
+        w = self.bookie.world
+        loop = w.loop
+        self.storage = LedgerStorage(self.dir / "ledgers", map_size=1 << 26)
+        self.server = ShardServer(storage=self.storage, shard_index=self.index, shards=w.cfg.shards,
+                                  max_frame_bytes=5 << 20, readonly=False, data_dir=str(self.dir / "ledgers"),
+                                  clock=loop.time, wall_clock=lambda: WALL_EPOCH + loop.time())
+        self.syncer = SimSyncer(loop, w.rng_for(f"disk:{self.bookie.name}:{self.index}:{self.bookie.starts}"),
+                                ack_before_sync=w.mutation == "ack-before-fsync")
+        self.journal = Journal(self.dir / "journal", syncer=self.syncer, loop=loop,
+                               on_durable=self.server.on_durable, on_failed=self._failed,
+                               preallocate_bytes=256 << 10, file_max_bytes=1 << 20, reuse_files=2,
+                               clock=loop.time, spare_filler=_Inline())
+        self.server.journal = self.journal
+        self.journal.replay(self.storage.checkpoint_mark(), lambda recs: apply_records(self.storage, recs))
+        self.journal.start()
+        await checkpoint(loop, self.storage, self.journal, self.server)
+        server = self.server
+        w.net.listen(self.bookie.name, self.bookie.name, self.port, lambda: BookieProtocol(server))
+
+    def _failed(self, items: list[Any], err: OSError) -> None:
+        """As the shard process: the items fail, and the shard takes no more adds."""
+        assert self.server is not None
+        self.server.on_failed(items, err)
+        if not self.server.readonly:
+            self.server.readonly = True
+            self.server.readonly_reason = f"journal failed: {err}"
+            self.bookie.world.trace(f"{self.bookie.id} shard {self.index}: journal failed ({err}), read-only")
+
+    async def checkpoint(self) -> None:
+        if self.storage is not None and self.journal is not None and self.server is not None:
+            await checkpoint(self.bookie.world.loop, self.storage, self.journal, self.server)
+
+    def crash(self, torn: bool) -> int:
+        n = 0
+        if self.syncer is not None:
+            n = self.syncer.crash() if torn else 0
+            self.syncer.close()
+        if self.journal is not None:
+            self.journal.close()
+        if self.storage is not None:
+            self.storage.close()
+        self.storage = self.server = self.journal = self.syncer = None
+        return n
+
+
+class SimBookie:
+    """A bookie: its shards, its ZooKeeper session and registration, its periodic checkpoint."""
+
+    def __init__(self, world: World, i: int) -> None:
+        self.world = world
+        self.name = f"bookie{i}"
+        self.id = f"{self.name}:3181"
+        self.dir = world.dir / self.name
+        self.shards = [SimShard(self, s) for s in range(world.cfg.shards)]
+        self.up = False
+        self.broken = False  # refused to start: stays down
+        self.starts = 0
+        self.store: ZkMetadataStore | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+        self._starting = asyncio.Lock()
+
+    async def ensure_up(self) -> None:
+        """Start unless up (a fault's restart and the final heal may both ask)."""
+        async with self._starting:
+            if self.up or self.broken:
+                return
+            try:
+                await self.start()
+            except (BKError, OSError) as e:
+                # Synced bytes are never damaged here (disk.py), so a bookie that refuses to
+                # start acknowledged what it had not made durable, or its replay is wrong.
+                self.broken = True
+                self.world.oracle.fail("refused-start", f"{self.id} does not start again: "
+                                       f"{str(e).replace(str(self.world.dir), '<sim>')}")
+
+    def info(self) -> dict[str, Any]:
+        return {"bookie_id": self.id, "rack": "/default-rack", "readonly": False,
+                "shards": [{"host": self.name, "port": s.port} for s in self.shards], "http_port": 0, "pid": 0}
+
+    async def start(self) -> None:
+        w = self.world
+        self.starts += 1
+        try:
+            for shard in self.shards:
+                await shard.start()
+        except BaseException:
+            for shard in self.shards:
+                shard.crash(torn=False)  # what opened closes: the next start opens it again
+            raise
+        if self.starts > 1:
+            w.oracle.restarted(self.id, self._holds)
+            for (bookie, ledger_id) in sorted(w.oracle.fenced):
+                if bookie == self.id and not self._fenced(ledger_id):
+                    w.oracle.fail("fence-lost", f"{self.id} answered a fence for ledger {ledger_id} but holds it "
+                                  f"unfenced after its restart")
+        while self.store is None:
+            client = w.zk.client(self.name, w.zk_partitioned)
+            try:
+                self.store = ZkMetadataStore(URI, client=client, create=True)
+            except Exception as e:  # noqa: BLE001 - ZooKeeper trouble at start: the supervisor tries again
+                client.stop()
+                w.trace(f"{self.id} cannot reach ZooKeeper at start ({type(e).__name__}): retry")
+                await asyncio.sleep(0.2)
+        self.store.zk.add_listener(self._session)
+        await self._register()
+        self.up = True
+        self.tasks = [w.spawn(self.name, self._checkpoints())]
+        w.trace(f"{self.id} up (start {self.starts})")
+
+    def _shard_of(self, ledger_id: int) -> SimShard:
+        from bookkeeper.proto import shard_for_ledger
+        return self.shards[shard_for_ledger(ledger_id, len(self.shards))]
+
+    def _holds(self, ledger_id: int, entry_id: int) -> bool:
+        storage = self._shard_of(ledger_id).storage
+        return storage is not None and storage.get_entry(ledger_id, entry_id) is not None
+
+    def _fenced(self, ledger_id: int) -> bool:
+        storage = self._shard_of(ledger_id).storage
+        st = storage.ledger(ledger_id) if storage is not None else None
+        return st is not None and bool(st.fenced)
+
+    def _session(self, state: Any) -> None:
+        if str(state) == "CONNECTED" and self.up:
+            self.world.spawn(self.name, self._register())
+
+    async def _register(self) -> None:
+        assert self.store is not None
+        while True:
+            try:
+                await self.world.loop.run_in_executor(None, self.store.register_bookie, self.id, self.info())
+                return
+            except Exception as e:  # noqa: BLE001 - ZooKeeper trouble: try again, as the supervisor does
+                self.world.trace(f"{self.id} registration failed ({type(e).__name__}): retry")
+                await asyncio.sleep(0.2)
+
+    async def _checkpoints(self) -> None:
+        rng = self.world.rng_for(f"checkpoint:{self.name}:{self.starts}")
+        while True:
+            await asyncio.sleep(rng.uniform(0.2, 0.8))
+            for shard in self.shards:
+                try:
+                    await shard.checkpoint()
+                except Exception as e:  # noqa: BLE001 - as the shard's: logged, retried next time
+                    self.world.trace(f"{self.id} checkpoint failed: {e}")
+
+    def crash(self, torn: bool) -> None:
+        w = self.world
+        self.up = False
+        for t in self.tasks:
+            t.cancel()
+        w.net.crash(self.name)
+        torn_writes = sum(s.crash(torn) for s in self.shards)
+        if self.store is not None:
+            self.store.zk.stop()  # the session ends (at once: its timeout is not simulated)
+            self.store = None
+        w.trace(f"{self.id} crashed ({'power loss, ' + str(torn_writes) + ' unsynced write(s) torn' if torn else 'process'})")
+
+
+@dataclass
+class Writer:
+    name: str
+    bk: BookKeeper | None = None
+    adds: int = 0
+
+
+@dataclass
+class Result:
+    """What a run did."""
+
+    config: SimConfig
+    violation: Violation | None
+    acked: int
+    adds: int
+    ledgers: int
+    closed: int
+    recoveries: int
+    reads: int
+    faults: dict[str, int]
+    sim_seconds: float
+    trace_lines: int
+    trace_tail: list[str]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class World:
+    """One seeded run."""
+
+    def __init__(self, cfg: SimConfig, loop: Any, directory: Path, *, mutation: str | None = None,
+                 keep_trace: bool = False) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.dir = directory
+        self.mutation = mutation
+        self.rng = random.Random(f"world:{cfg.seed}")
+        self.trace = Trace(loop, keep_trace)
+        self.oracle = Oracle()
+        self.net = SimNetwork(loop, self.rng_for("net"), trace=self.trace)
+        self.zk = SimZooKeeper(loop, self.rng_for("zk"), trace=self.trace)
+        self.zk_cut: set[str] = set()
+        self.bookies = [SimBookie(self, i) for i in range(cfg.bookies)]
+        self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
+        self.open_ledgers: dict[int, str] = {}  # ledger -> its writer, while it writes
+        self.faults: dict[str, int] = {}
+        self.done = False
+        self.healed = False
+        self._fault_tasks: list[asyncio.Task[Any]] = []
+        self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.clients: list[BookKeeper] = []
+        exec_rng = self.rng_for("executor")
+        loop.executor_delay = lambda _fn: exec_rng.uniform(200e-6, 2e-3)
+        loop.set_exception_handler(self._unhandled)
+
+    def rng_for(self, what: str) -> random.Random:
+        """An independent stream per part, so that a change in one part's draws does not
+        reshuffle every other part's (a seed stays comparable across small changes)."""
+        return random.Random(f"{what}:{self.cfg.seed}")
+
+    def zk_partitioned(self, node: str) -> bool:
+        return node in self.zk_cut
+
+    def spawn(self, node: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        """A task of node (the network and ZooKeeper see its calls as node's)."""
+        ctx = contextvars.copy_context()
+        ctx.run(NODE.set, node)
+        task = self.loop.create_task(coro, context=ctx)
+        self._tasks.append(task)
+        return task
+
+    def _unhandled(self, loop: Any, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if exc is None or isinstance(exc, (BKError, ConnectionError, asyncio.CancelledError)):
+            return
+        self.oracle.fail("unhandled-exception", f"{context.get('message')}: {exc!r}")
+
+    # -- the run ---------------------------------------------------------------------
+    async def main(self) -> None:
+        self.trace(f"seed {self.cfg.seed}: {self.cfg.describe()}" + (f", mutation {self.mutation}" if self.mutation else ""))
+        self._tap_bookies()
+        for b in self.bookies:
+            await self._in(b.name, b.start())
+        for w in self.writers:
+            w.bk = await self._in(w.name, self._client(w.name))
+        self._calm_zk()
+        work = [self.spawn(w.name, self._write(w)) for w in self.writers]
+        side = [self.spawn("recoverer", self._recoverer()), self.spawn("reader", self._reader())]
+        if self.cfg.faults:
+            self._fault_tasks.append(self.spawn("faults", self._faults()))
+        pending = set(work)
+        progress, since = -1, self.loop.time()
+        while pending and self.oracle.violation is None:
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
+            if self.counts["acked"] + self.counts["ledgers"] != progress:
+                progress, since = self.counts["acked"] + self.counts["ledgers"], self.loop.time()
+            elif self.loop.time() - since > STALL_S:
+                if self.healed:
+                    self.oracle.fail("stuck", f"no add acknowledged and no ledger created for {STALL_S:.0f} s "
+                                     f"after every fault healed ({self.counts['acked']} acknowledged so far)")
+                    break
+                self.trace(f"no progress for {STALL_S:.0f} s: faults stop and heal")
+                await self.heal()
+                since = self.loop.time()
+        self.done = True
+        for t in side + self._fault_tasks[:1]:
+            t.cancel()  # the injector; a restart under way finishes
+        await asyncio.gather(*side, *self._fault_tasks, return_exceptions=True)
+        for t in pending:
+            t.cancel()
+        if self.oracle.violation is None:
+            await self._in("checker", self._final())
+
+    async def _in(self, node: str, coro: Awaitable[Any]) -> Any:
+        return await self.spawn(node, coro)
+
+    async def _client(self, node: str) -> BookKeeper:
+        store = ZkMetadataStore(URI, client=self.zk.client(node, self.zk_partitioned), create=False)
+        cfg = ClientConfig(add_timeout_s=2.0, read_timeout_s=2.0, bookie_quarantine_s=5.0, slow_bookie_penalty_s=2.0)
+        bk = BookKeeper(store, cfg, seed=self.rng.randrange(1 << 32), clock=self.loop.time)
+        await bk.refresh_bookies()
+        self.clients.append(bk)
+        return bk
+
+    def _tap_bookies(self) -> None:
+        """Every connection a bookie accepts gets the oracle's taps on both directions."""
+        net = self.net
+        oracle = self.oracle
+        original = net.connect
+
+        async def connect(factory: Any, host: str, port: int) -> Any:
+            transport, proto = await original(factory, host, port)
+            server = transport.peer
+            assert server is not None
+            tap = oracle.tap(f"{host}:3181")
+            _tap(server, tap, oracle)
+            return transport, proto
+        net.connect = connect  # type: ignore[method-assign]
+        self.loop.create_connection = lambda factory, host, port, **_kw: connect(factory, host, port)
+
+    # -- workload ----------------------------------------------------------------------
+    async def _write(self, w: Writer) -> None:
+        """Ledger after ledger: create, add (one at a time, pipelined, or in batches), close."""
+        rng = self.rng_for(f"writer:{w.name}")
+        bk = w.bk
+        assert bk is not None
+        cfg = self.cfg
+        share = cfg.ops // cfg.writers
+        while w.adds < share and self.oracle.violation is None:
+            try:
+                lh = await bk.create_ledger(ensemble=cfg.ensemble, write_quorum=cfg.write_quorum,
+                                            ack_quorum=cfg.ack_quorum, password=PASSWORD)
+            except BKError as e:
+                self.trace(f"create failed: {type(e).__name__}")
+                await asyncio.sleep(0.2)
+                continue
+            lid = lh.ledger_id
+            truth = self.oracle.ledger(lid, cfg.ack_quorum)
+            self.counts["ledgers"] += 1
+            self.open_ledgers[lid] = w.name
+            n = min(rng.randint(5, 400), share - w.adds)
+            mode = rng.choice(("one", "window", "batch"))
+            self.trace(f"L{lid} created on {lh.metadata.last_ensemble}: {n} adds, {mode}")
+            failed = await self._adds(lh, truth, n, mode, rng, w)
+            self.open_ledgers.pop(lid, None)
+            if failed is not None:
+                self.trace(f"L{lid} writer failed: {failed}")
+                continue
+            try:
+                await lh.close()
+                self.oracle.closed(truth, lh.last_add_confirmed, "its writer")
+                self.counts["closed"] += 1
+                self.trace(f"L{lid} closed at {lh.last_add_confirmed}")
+            except BKError as e:
+                self.trace(f"L{lid} close failed: {type(e).__name__}")
+
+    async def _adds(self, lh: Any, truth: LedgerTruth, n: int, mode: str, rng: random.Random,
+                    w: Writer) -> str | None:
+        window = 1 if mode == "one" else rng.randint(2, 64)
+        inflight: set[asyncio.Future[Any]] = set()
+        failure: list[str] = []
+
+        def settled(f: asyncio.Future[Any], first: int, last: int) -> None:
+            if f.cancelled():
+                return
+            if f.exception() is not None:
+                failure.append(type(f.exception()).__name__)
+                return
+            for eid in range(first, last + 1):
+                self.oracle.acked(truth, eid)
+            self.counts["acked"] += last - first + 1
+
+        sent = 0
+        while sent < n and not failure and self.oracle.violation is None:
+            k = min(n - sent, rng.randint(1, 50)) if mode == "batch" else 1
+            datas = [rng.randbytes(rng.randint(1, 120)) for _ in range(k)]
+            first = len(truth.data)
+            truth.data.extend(datas)
+            try:
+                fut = lh.add_entries_async(datas) if mode == "batch" else lh.add_entry_async(datas[0])
+            except BKError as e:
+                failure.append(type(e).__name__)
+                break
+            fut.add_done_callback(lambda f, a=first, b=first + k - 1: settled(f, a, b))
+            inflight.add(fut)
+            sent += k
+            w.adds += k
+            self.counts["adds"] += k
+            await asyncio.sleep(rng.expovariate(self.cfg.add_rate / k))  # the writer's pace, on average
+            if len(inflight) >= window:
+                _done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        if inflight:
+            await asyncio.wait(inflight)
+        return failure[0] if failure else None
+
+    async def _recoverer(self) -> None:
+        """Recovery opens racing the writers: fence a ledger being written, close it."""
+        rng = self.rng_for("recoverer")
+        bk = await self._client("recoverer")
+        while not self.done:
+            await asyncio.sleep(rng.expovariate(1 / 0.2))
+            candidates = sorted(lid for lid in self.open_ledgers if self.oracle.ledgers[lid].closed_at is None)
+            if not candidates:
+                continue
+            lid = rng.choice(candidates)
+            # A third of recoveries die part way (the recovering client crashes): what they
+            # left (IN_RECOVERY, rewrites, ensemble changes) is the next recovery's to finish.
+            await self._recover(bk, lid, rng.uniform(0.001, 0.05) if rng.random() < 0.33 else None)
+
+    async def _recover(self, bk: BookKeeper, lid: int, dies_after: float | None = None) -> bool:
+        truth = self.oracle.ledgers[lid]
+        try:
+            async with asyncio.timeout(dies_after):
+                rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
+        except TimeoutError:
+            self.trace(f"L{lid} recovery abandoned after {dies_after:.3f} s")
+            return False
+        except BKError as e:
+            self.trace(f"L{lid} recovery failed: {type(e).__name__}")
+            return False
+        self.counts["recoveries"] += 1
+        self.oracle.closed(truth, rh.last_add_confirmed, "a recovery")
+        self.trace(f"L{lid} recovered, closed at {rh.last_add_confirmed}")
+        return True
+
+    async def _reader(self) -> None:
+        """Reads of acknowledged entries (open without recovery, read up to the LAC)."""
+        rng = self.rng_for("reader")
+        bk = await self._client("reader")
+        while not self.done:
+            await asyncio.sleep(rng.expovariate(1 / 0.3))
+            candidates = sorted(lid for lid, t in self.oracle.ledgers.items() if t.acked >= 0)
+            if not candidates:
+                continue
+            lid = rng.choice(candidates)
+            truth = self.oracle.ledgers[lid]
+            try:
+                rh = await bk.open_ledger(lid, password=PASSWORD, recovery=False)
+                lac = rh.last_add_confirmed
+                if lac < 0:
+                    continue
+                first = rng.randint(0, lac)
+                last = min(lac, first + rng.randint(0, 20))
+                entries = await rh.read(first, last)
+            except BKError as e:
+                self.trace(f"L{lid} read failed: {type(e).__name__}")
+                continue
+            self.counts["reads"] += 1
+            for entry in entries:
+                self.oracle.read(truth, entry.entry_id, bytes(entry.data), lac)
+
+    # -- faults ----------------------------------------------------------------------
+    async def _faults(self) -> None:
+        rng = self.rng_for("faults")
+        kinds = ["crash", "power-loss", "partition", "reply-drop", "isolate", "reset", "zk-partition", "zk-loss",
+                 "eio", "session-expiry"]
+        while not self.done:
+            await asyncio.sleep(rng.expovariate(1 / self.cfg.fault_gap_s))
+            if self.done:
+                return
+            kind = rng.choice(kinds)
+            up = [b for b in self.bookies if b.up]
+            down = len(self.bookies) - len(up)
+            client = rng.choice([w.name for w in self.writers] + ["recoverer", "reader"])
+            bookie = rng.choice(up) if up else None
+            if bookie is None:
+                continue
+            span = rng.uniform(0.1, 3.0)
+            if kind in ("crash", "power-loss", "eio"):
+                if down >= self.cfg.max_down:
+                    continue
+                if kind == "eio":
+                    for s in bookie.shards:
+                        if s.syncer is not None:
+                            s.syncer.eio_rate = 0.5
+                    self.trace(f"{bookie.id} journal device fails syncs (EIO) for {span:.3f} s, then restarts")
+                    self._fault_tasks.append(self.spawn("faults", self._restart(bookie, 0.05, crash_after=span)))
+                else:
+                    bookie.crash(torn=kind == "power-loss")
+                    self._fault_tasks.append(self.spawn("faults", self._restart(bookie, rng.uniform(0.05, 2.0))))
+            elif kind in ("partition", "reply-drop", "isolate"):
+                # isolate: a client cut from several bookies at once (a recovery that reaches
+                # too few of them must not go on)
+                cut = rng.sample(up, rng.randint(1, max(1, len(up) - 1))) if kind == "isolate" else [bookie]
+                lossy = rng.random() < 0.5  # healed by a reset: what it held is lost (TCP gave up)
+                for b in cut:
+                    self.net.hold(b.name, client)
+                    if kind != "reply-drop":
+                        self.net.hold(client, b.name)
+                    self.loop.call_later(span, self._heal_link, client, b.name, lossy)
+                self.trace(f"{kind} {client} / {','.join(b.name for b in cut)} for {span:.3f} s")
+            elif kind == "reset":
+                n = self.net.reset_between(client, bookie.name)
+                self.trace(f"reset {n} connection(s) {client} / {bookie.name}")
+            elif kind == "zk-partition":
+                self.zk_cut.add(client)
+                self.trace(f"{client} cut from ZooKeeper for {span:.3f} s")
+                self.loop.call_later(span, self.zk_cut.discard, client)
+            elif kind == "zk-loss":
+                self.zk.loss_rate, self.zk.reply_loss_rate = self.cfg.zk_loss_rate * 10, self.cfg.zk_reply_loss_rate * 10
+                self.trace(f"ZooKeeper loses requests and replies for {span:.3f} s")
+                self.loop.call_later(span, self._calm_zk)
+            elif kind == "session-expiry":
+                if bookie.store is not None:
+                    self.trace(f"{bookie.id} ZooKeeper session expires")
+                    bookie.store.zk.expire()
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def _heal_link(self, a: str, b: str, lossy: bool = False) -> None:
+        if lossy:
+            self.net.reset_between(a, b)
+        self.net.release(a, b)
+        self.net.release(b, a)
+
+    def _calm_zk(self) -> None:
+        """ZooKeeper's background loss rates (none when faults are off)."""
+        if self.cfg.faults and not self.healed:
+            self.zk.loss_rate, self.zk.reply_loss_rate = self.cfg.zk_loss_rate, self.cfg.zk_reply_loss_rate
+
+    async def _restart(self, bookie: SimBookie, after: float, crash_after: float | None = None) -> None:
+        """Restart bookie `after` seconds from now (crashing it first, `crash_after` seconds from
+        now, if given: a failed journal device is replaced by an operator's restart)."""
+        if crash_after is not None:
+            await asyncio.sleep(crash_after)
+            if not bookie.up:
+                return
+            bookie.crash(torn=False)
+        await asyncio.sleep(after)
+        await bookie.ensure_up()
+
+    async def heal(self) -> None:
+        """Every fault ends for good: links flow, ZooKeeper answers, every bookie is up."""
+        self.healed = True
+        if self._fault_tasks:
+            self._fault_tasks[0].cancel()  # the injector; restarts under way finish (ensure_up)
+        for (a, b), link in sorted(self.net.links.items()):
+            if link.held:
+                self.net.release(a, b)
+        self.zk_cut.clear()
+        self.zk.loss_rate = self.zk.reply_loss_rate = 0.0
+        for b in self.bookies:
+            if b.up and any(s.server is not None and s.server.readonly for s in b.shards):
+                b.crash(torn=False)  # a failed journal device: replaced, the bookie restarted
+            await self._in(b.name, b.ensure_up())
+
+    # -- the end -----------------------------------------------------------------------
+    async def _final(self) -> None:
+        """Faults healed, every bookie up: every ledger closes (by its writer or a recovery)
+        and reads back whole, with the writer's bytes."""
+        await self.heal()
+        await asyncio.sleep(3.0)  # quarantines and penalties of the fault phase run out
+        bk = await self._client("checker")
+        for lid in sorted(self.oracle.ledgers):
+            truth = self.oracle.ledgers[lid]
+            try:
+                async with asyncio.timeout(60.0):
+                    rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
+                    last = rh.last_add_confirmed
+                    entries = await rh.read(0, last) if last >= 0 else []
+            except (BKError, TimeoutError) as e:
+                self.oracle.fail("stuck" if isinstance(e, TimeoutError) else "lost-entry",
+                                 f"ledger {lid}: after faults healed, its recovery and read failed: {e!r}")
+                return
+            self.oracle.closed(truth, last, "the final recovery")
+            for entry in entries:
+                self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
+            if truth.acked > last:
+                self.oracle.fail("lost-entry", f"ledger {lid}: entry {truth.acked} was acknowledged, the ledger "
+                                 f"ends at {last}")
+            if self.oracle.violation is not None:
+                return
+        self.trace(f"final check: {len(self.oracle.ledgers)} ledgers closed and read back")
+
+    async def shutdown(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for bk in self.clients:
+            bk.pool.close()
+        for b in self.bookies:
+            if b.up:
+                b.crash(torn=False)
+
+    def result(self) -> Result:
+        return Result(config=self.cfg, violation=self.oracle.violation, acked=self.counts["acked"],
+                      adds=self.counts["adds"], ledgers=self.counts["ledgers"], closed=self.counts["closed"],
+                      recoveries=self.counts["recoveries"], reads=self.counts["reads"], faults=dict(self.faults),
+                      sim_seconds=self.loop.time(), trace_lines=self.trace.count, trace_tail=list(self.trace.tail),
+                      stats={"net": dict(self.net.stats), "zk": dict(self.zk.stats), "checks": self.oracle.checks})
+
+
+def _tap(server: SimTransport, tap: Any, oracle: Oracle) -> None:
+    """The oracle sees what the bookie end of a connection receives and sends."""
+    deliver, write = server.deliver, server.write
+
+    def delivered(data: bytes) -> None:
+        oracle.requests_in(tap, data)
+        deliver(data)
+
+    def written(data: bytes | bytearray | memoryview) -> None:
+        if not (server.closing or server.dead):
+            oracle.responses_out(tap, bytes(data))
+        write(data)
+    server.deliver = delivered  # type: ignore[method-assign]
+    server.write = written  # type: ignore[method-assign]
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
