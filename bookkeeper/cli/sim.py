@@ -45,7 +45,7 @@ def add_sim_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("sim", parents=[common], help="run the deterministic cluster simulator")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--seed", type=int, default=None, help="the run's seed (default 1)")
-    which.add_argument("--seeds", type=_seeds, default=None, metavar="A..B", help="run seeds A to B, stop at a violation")
+    which.add_argument("--seeds", type=_seeds, default=None, metavar="RANGE", help="seeds A..B (inclusive), run in turn; stops at a violation")
     p.add_argument("--ops", type=_positive, default=2000, metavar="M", help="adds the writers make (default 2000)")
     p.add_argument("--mutation", default=None, metavar="NAME", help="swap in a known-wrong rule (--list-mutations)")
     p.add_argument("--trace", default=None, metavar="FILE", help="write the whole trace here")

@@ -710,8 +710,11 @@ class WriteHandle(ReadHandle):
 
     def _still_writing_to(self, entry_id: int, idx: int, bookie: str) -> bool:
         """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
-        replace it: the entry was sent under the current segment and the bookie still holds
-        slot idx of it, so every new entry goes to it too.
+        replace it: the bookie is in the current segment's ensemble, so new entries go to it
+        too, whichever segment the failed entry was sent under. (The simulator, seed 9: a
+        failure of an entry of the segment before was ignored when an ensemble change had kept
+        the bookie, so a hung bookie stayed for another whole add timeout after every change
+        that replaced a different one.)
 
         Why: Apache BookKeeper replaces a bookie at its first failed write, acknowledged or not.
         Ignoring it leaves a dead or hung bookie in the ensemble, every later entry with Qw - 1
@@ -720,8 +723,7 @@ class WriteHandle(ReadHandle):
         """
         if not self._writing:
             return False
-        first, ensemble, _, _ = self._current_segment()
-        return entry_id >= first and ensemble[idx] == bookie
+        return bookie in self._current_segment()[1]
 
     def _replace_bookie(self, bookie: str, entry_id: int, err: BKError) -> None:
         """Count bookie failed (health, quarantine) and start an ensemble change unless one runs."""

@@ -30,12 +30,14 @@ NODE: contextvars.ContextVar[str] = contextvars.ContextVar("sim_node", default="
 
 
 class Link:
-    """The path from node a to node b: whether packets pass (a partition holds them)."""
+    """The path from node a to node b: whether packets pass (a partition holds them), and
+    since when they are held."""
 
-    __slots__ = ("held",)
+    __slots__ = ("held", "since")
 
     def __init__(self) -> None:
         self.held = False
+        self.since = 0.0
 
 
 class SimTransport(asyncio.Transport):
@@ -274,7 +276,9 @@ class SimNetwork:
     # -- faults -------------------------------------------------------------------
     def hold(self, a: str, b: str) -> None:
         """Packets from a to b stop arriving (both ways: call twice); connections stay up."""
-        self.link(a, b).held = True
+        link = self.link(a, b)
+        if not link.held:
+            link.held, link.since = True, self.loop.time()
 
     def release(self, a: str, b: str) -> None:
         """Held packets from a to b arrive, in order, and new ones flow again."""

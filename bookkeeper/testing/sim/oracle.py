@@ -21,6 +21,10 @@ event happens:
   never passes what Qa bookies hold;
 - `lost-entry`: at the end (faults healed), every ledger closes and every acknowledged
   entry up to its end reads back with the writer's bytes;
+- `kept-failed-bookie`: a writer whose adds to a bookie go unanswered (its answers held)
+  stops sending it new adds once that is past the add timeout and an ensemble change's
+  time (the add timeout and half a second, or `KEEP_LIMIT_ZK_TROUBLE_S` when ZooKeeper was in trouble): it replaces the bookie or fails (Apache BookKeeper replaces
+  a bookie at its first failed write, acknowledged elsewhere or not);
 - `stuck`: once faults heal, a writer's add or a recovery finishes within the time
   allowed.
 """
@@ -33,6 +37,16 @@ from typing import Any
 from bookkeeper.proto import Flag, Op, Status, parse_requests, parse_responses
 
 MAX_FRAME = 5 << 20
+# How long a writer may keep sending to a bookie whose answers stopped, when ZooKeeper was in
+# trouble meanwhile (partitioned from the writer for up to 3 s, or losing requests): the add
+# timeout, the ensemble change's retries and back-off (~6.4 s in all), with room to spare.
+# Without ZooKeeper trouble the world allows the add timeout and half a second (the client's
+# deadline sweep runs every 0.1 s; an ensemble change takes milliseconds, a few retries after
+# ZooKeeper's background losses well under 0.4 s).
+KEEP_LIMIT_ZK_TROUBLE_S = 12.0
+# A writer that keeps a bookie sends it adds at its pace (milliseconds apart); a gap this long
+# means it stopped (replaced the bookie) and took it back later, when no healthy one was left.
+REJOIN_GAP_S = 0.25
 
 
 class Violation(Exception):
@@ -60,10 +74,16 @@ class LedgerTruth:
 class _Tap:
     """One bookie connection's frames: requests by id (their flags), responses matched to them."""
 
-    __slots__ = ("bookie", "rx", "tx", "requests")
+    __slots__ = ("bookie", "rx", "tx", "requests", "answers", "clock", "limit", "unanswered", "hold")
 
-    def __init__(self, bookie: str) -> None:
+    def __init__(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None) -> None:
         self.bookie = bookie
+        self.answers = answers  # the link carrying this bookie's answers to the client (net.Link)
+        self.clock = clock
+        self.limit = limit  # limit(since) -> how long a writer may keep a bookie whose answers stopped then
+        self.hold = -1.0  # the start of the hold `unanswered` is about
+        # ledger -> (first, last) adds of it that arrived during that hold, without a gap
+        self.unanswered: dict[int, tuple[float, float]] = {}
         self.rx = bytearray()
         self.tx = bytearray()
         self.requests: dict[int, tuple[int, int, int, int]] = {}  # id -> op, flags, ledger, entry
@@ -78,6 +98,8 @@ class Oracle:
         self.said_ok: dict[str, set[tuple[int, int]]] = defaultdict(set)  # bookie -> (ledger, entry)
         self.violation: Violation | None = None
         self.checks = 0
+        self.on_recovery_add: Any = lambda _bookie, _ledger: None  # the first rewrite of a ledger at a bookie
+        self._rewritten: set[tuple[str, int]] = set()
 
     def fail(self, invariant: str, detail: str) -> None:
         if self.violation is None:
@@ -90,8 +112,8 @@ class Oracle:
         return truth
 
     # -- frames ----------------------------------------------------------------------
-    def tap(self, bookie: str) -> _Tap:
-        return _Tap(bookie)
+    def tap(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None) -> _Tap:
+        return _Tap(bookie, answers, clock, limit)
 
     def requests_in(self, tap: _Tap, data: bytes) -> None:
         """Bytes a bookie received: record each request; check the LACs writers tell."""
@@ -100,14 +122,37 @@ class Oracle:
         del tap.rx[:used]
         for op, flags, rid, ledger_id, entry_id, _key, _aux, _payload, blob_lac in frames:
             tap.requests[rid] = (op, flags, ledger_id, entry_id)
+            if op == Op.ADD_ENTRY and flags & Flag.RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
+                self._rewritten.add((tap.bookie, ledger_id))
+                self.on_recovery_add(tap.bookie, ledger_id)
             truth = self.ledgers.get(ledger_id)
             if truth is None:
                 continue
             told = blob_lac if op == Op.ADD_ENTRY else entry_id if op == Op.WRITE_LAC else -1
             self.checks += 1
+            if op == Op.ADD_ENTRY and tap.answers is not None:
+                self._kept(tap, ledger_id, entry_id)
             if told > truth.prefix:
                 self.fail("lac-ahead", f"ledger {ledger_id}: {tap.bookie} told LAC {told} "
                           f"({Op(op).name}) while only entries up to {truth.prefix} were on Qa bookies")
+
+    def _kept(self, tap: _Tap, ledger_id: int, entry_id: int) -> None:
+        """An add reached a bookie: fail if the writer has had no answer from it (they are
+        held) for longer than it may take to replace it, counted from the first add of this
+        ledger it sent while they were held, or since it took the bookie back (a placement or an
+        ensemble change takes a failed bookie when no other is left: it only prefers the healthy)."""
+        if not tap.answers.held:
+            return
+        now = tap.clock()
+        if tap.hold != tap.answers.since:
+            tap.hold, tap.unanswered = tap.answers.since, {}
+        first, last = tap.unanswered.get(ledger_id, (now, now))
+        if now - last > REJOIN_GAP_S:
+            first = now  # the writer had stopped sending it adds: replaced, then taken back (no other left)
+        tap.unanswered[ledger_id] = (first, now)
+        if now - first > tap.limit(first):
+            self.fail("kept-failed-bookie", f"ledger {ledger_id}: entry {entry_id} sent to {tap.bookie}, which has "
+                      f"answered none of this ledger's adds for {now - first:.1f} s")
 
     def responses_out(self, tap: _Tap, data: bytes) -> None:
         """Bytes a bookie answered: fences, OK adds (and the fenced-add invariant)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import random
 import shutil
 from collections import deque
@@ -27,15 +28,20 @@ from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.errors import BKError
+from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.testing.sim.disk import SimSyncer
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
-from bookkeeper.testing.sim.oracle import LedgerTruth, Oracle, Violation
+from bookkeeper.testing.sim.oracle import KEEP_LIMIT_ZK_TROUBLE_S, LedgerTruth, Oracle, Violation
 from bookkeeper.testing.sim.zk import SimZooKeeper
 
 URI = "zk://sim:2181/ledgers"
 PASSWORD = b"sim"
 WALL_EPOCH = 1.8e9  # the wall clock's reading at virtual time 0 (token expiry reads wall time)
+# How often each fault kind is drawn (kinds of _faults, in order): ZooKeeper's are rarer, as a
+# writer cut from it cannot replace a failed bookie for seconds, which hides other faults.
+KIND_WEIGHTS = (3, 3, 3, 3, 3, 3, 1, 1, 2, 2)
+ADD_TIMEOUT_S = 0.5  # the clients' add timeout: the network's delays are well under a millisecond
 STALL_S = 30.0  # no progress this long (virtual): faults stop; this long again after that: `stuck`
 QUORUMS = [(3, 2, 2)] * 4 + [(3, 3, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
 
@@ -288,6 +294,7 @@ class Writer:
     name: str
     bk: BookKeeper | None = None
     adds: int = 0
+    handle: Any = None  # the write handle it adds to now
 
 
 @dataclass
@@ -323,10 +330,15 @@ class World:
         self.oracle = Oracle()
         self.net = SimNetwork(loop, self.rng_for("net"), trace=self.trace)
         self.zk = SimZooKeeper(loop, self.rng_for("zk"), trace=self.trace)
+        self.zk.on_write = self._metadata_written
+        self.oracle.on_recovery_add = self._recovery_add
         self.zk_cut: set[str] = set()
         self.bookies = [SimBookie(self, i) for i in range(cfg.bookies)]
         self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
         self.open_ledgers: dict[int, str] = {}  # ledger -> its writer, while it writes
+        self._ensembles: dict[int, list[str]] = {}  # ledger -> its first ensemble
+        self._chaos = self.rng_for("recovery-chaos")
+        self._dying: Any = None  # the running recovery's asyncio.timeout: its client may die early
         self.faults: dict[str, int] = {}
         self.done = False
         self.healed = False
@@ -342,6 +354,13 @@ class World:
         """An independent stream per part, so that a change in one part's draws does not
         reshuffle every other part's (a seed stays comparable across small changes)."""
         return random.Random(f"{what}:{self.cfg.seed}")
+
+    def _keep_limit(self, since: float, node: str) -> float:
+        """How long `node` may keep sending a ledger's adds to a bookie that has answered none
+        since `since`: longer when one of its ZooKeeper calls failed meanwhile (its ensemble
+        change then waits and retries)."""
+        troubled = self.zk.last_trouble.get(node, -1.0) >= since or node in self.zk_cut
+        return KEEP_LIMIT_ZK_TROUBLE_S if troubled else ADD_TIMEOUT_S + 0.5
 
     def zk_partitioned(self, node: str) -> bool:
         return node in self.zk_cut
@@ -401,7 +420,8 @@ class World:
 
     async def _client(self, node: str) -> BookKeeper:
         store = ZkMetadataStore(URI, client=self.zk.client(node, self.zk_partitioned), create=False)
-        cfg = ClientConfig(add_timeout_s=2.0, read_timeout_s=2.0, bookie_quarantine_s=5.0, slow_bookie_penalty_s=2.0)
+        cfg = ClientConfig(add_timeout_s=ADD_TIMEOUT_S, read_timeout_s=1.0, bookie_quarantine_s=5.0,
+                           slow_bookie_penalty_s=2.0)
         bk = BookKeeper(store, cfg, seed=self.rng.randrange(1 << 32), clock=self.loop.time)
         await bk.refresh_bookies()
         self.clients.append(bk)
@@ -417,7 +437,8 @@ class World:
             transport, proto = await original(factory, host, port)
             server = transport.peer
             assert server is not None
-            tap = oracle.tap(f"{host}:3181")
+            tap = oracle.tap(f"{host}:3181", net.link(server.node, server.peer_node), self.loop.time,
+                             functools.partial(self._keep_limit, node=server.peer_node))
             _tap(server, tap, oracle)
             return transport, proto
         net.connect = connect  # type: ignore[method-assign]
@@ -440,14 +461,20 @@ class World:
                 await asyncio.sleep(0.2)
                 continue
             lid = lh.ledger_id
+            w.handle = lh
             truth = self.oracle.ledger(lid, cfg.ack_quorum)
             self.counts["ledgers"] += 1
             self.open_ledgers[lid] = w.name
-            n = min(rng.randint(5, 400), share - w.adds)
+            n = min(rng.randint(5, 400) if rng.random() < 0.8 else rng.randint(1000, 10000), share - w.adds)
             mode = rng.choice(("one", "window", "batch"))
+            if cfg.faults and cfg.ack_quorum < cfg.write_quorum and self._chaos.random() < 0.3:
+                n = max(share - w.adds, 1000)  # a long ledger (past the ops budget if need be), one bookie hangs
+                self.loop.call_later(0.05, self._hang_one_of, w, lh)
+            self._ensembles[lid] = list(lh.metadata.last_ensemble)
             self.trace(f"L{lid} created on {lh.metadata.last_ensemble}: {n} adds, {mode}")
             failed = await self._adds(lh, truth, n, mode, rng, w)
             self.open_ledgers.pop(lid, None)
+            w.handle = None
             if failed is not None:
                 self.trace(f"L{lid} writer failed: {failed}")
                 continue
@@ -474,6 +501,7 @@ class World:
             for eid in range(first, last + 1):
                 self.oracle.acked(truth, eid)
             self.counts["acked"] += last - first + 1
+            self.trace(f"L{truth.ledger_id} acked {first}..{last}")
 
         sent = 0
         while sent < n and not failure and self.oracle.violation is None:
@@ -503,26 +531,34 @@ class World:
         rng = self.rng_for("recoverer")
         bk = await self._client("recoverer")
         while not self.done:
-            await asyncio.sleep(rng.expovariate(1 / 0.2))
+            await asyncio.sleep(rng.expovariate(1 / 0.6))
             candidates = sorted(lid for lid in self.open_ledgers if self.oracle.ledgers[lid].closed_at is None)
             if not candidates:
                 continue
             lid = rng.choice(candidates)
             # A third of recoveries die part way (the recovering client crashes): what they
             # left (IN_RECOVERY, rewrites, ensemble changes) is the next recovery's to finish.
-            await self._recover(bk, lid, rng.uniform(0.001, 0.05) if rng.random() < 0.33 else None)
+            await self._recover(bk, lid, 10 ** rng.uniform(-3, 0.5) if rng.random() < 0.5 else None)
 
     async def _recover(self, bk: BookKeeper, lid: int, dies_after: float | None = None) -> bool:
         truth = self.oracle.ledgers[lid]
+        chaos = self._chaos.random() if self.cfg.faults else 1.0
+        if chaos < 0.3:
+            self.loop.call_later(self._chaos.uniform(0.0, 0.02), self._crash_one_of, lid)
+        elif chaos < 0.6:
+            self._lose_fences(lid)
+        started = self.loop.time()
         try:
-            async with asyncio.timeout(dies_after):
+            async with asyncio.timeout(dies_after) as self._dying:
                 rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
         except TimeoutError:
-            self.trace(f"L{lid} recovery abandoned after {dies_after:.3f} s")
+            self.trace(f"L{lid} recovery abandoned after {self.loop.time() - started:.3f} s")
             return False
         except BKError as e:
             self.trace(f"L{lid} recovery failed: {type(e).__name__}")
             return False
+        finally:
+            self._dying = None
         self.counts["recoveries"] += 1
         self.oracle.closed(truth, rh.last_add_confirmed, "a recovery")
         self.trace(f"L{lid} recovered, closed at {rh.last_add_confirmed}")
@@ -563,14 +599,20 @@ class World:
             await asyncio.sleep(rng.expovariate(1 / self.cfg.fault_gap_s))
             if self.done:
                 return
-            kind = rng.choice(kinds)
+            kind = rng.choices(kinds, weights=KIND_WEIGHTS)[0]
             up = [b for b in self.bookies if b.up]
             down = len(self.bookies) - len(up)
-            client = rng.choice([w.name for w in self.writers] + ["recoverer", "reader"])
+            client = "recoverer" if kind == "isolate" and rng.random() < 0.5 else \
+                rng.choice([w.name for w in self.writers] + ["recoverer", "reader"])
             bookie = rng.choice(up) if up else None
             if bookie is None:
                 continue
-            span = rng.uniform(0.1, 3.0)
+            handle = next((w.handle for w in self.writers if w.name == client), None)
+            if handle is not None and kind in ("reply-drop", "partition") and rng.random() < 0.5:
+                # at one of the bookies this writer writes to now
+                mine = [b for b in up if b.id in handle.metadata.last_ensemble]
+                bookie = rng.choice(mine) if mine else bookie
+            span = rng.uniform(0.1, 3.0) if rng.random() < 0.8 else rng.uniform(5.0, 20.0)
             if kind in ("crash", "power-loss", "eio"):
                 if down >= self.cfg.max_down:
                     continue
@@ -610,6 +652,71 @@ class World:
                     self.trace(f"{bookie.id} ZooKeeper session expires")
                     bookie.store.zk.expire()
             self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def _recovery_add(self, bookie: str, ledger_id: int) -> None:
+        """A recovery's first rewrite of a ledger reached a bookie: sometimes that bookie
+        crashes now, so that the recovery changes its ensemble (FoundationDB's "buggify":
+        a fault placed where it tests a rule, not left to chance)."""
+        if self.cfg.faults and self._chaos.random() < 0.5:
+            victim = next(b for b in self.bookies if b.id == bookie)
+            self.loop.call_soon(self._crash, victim, f"during a rewrite of L{ledger_id}")
+
+    def _metadata_written(self, path: str, data: bytes, node: str) -> None:
+        """A recovery wrote a ledger's metadata with a segment of its own (an ensemble change
+        of its rewrites): sometimes the recovering client dies a moment later, leaving the
+        ledger IN_RECOVERY with that segment for the next recovery."""
+        if node != "recoverer" or self._dying is None or not self.cfg.faults or self._chaos.random() >= 0.5:
+            return
+        try:
+            md = LedgerMetadata.deserialize(data)
+        except Exception:  # noqa: BLE001 - not a ledger's metadata
+            return
+        if md.state is LedgerState.IN_RECOVERY and md.writer_ensembles and md.ensembles != md.writer_ensembles:
+            self._dying.reschedule(self.loop.time() + self._chaos.uniform(0.0, 0.005))
+
+    def _lose_fences(self, lid: int) -> None:
+        """The recovering client is cut from some of the ledger's bookies as it starts, and
+        the cut ends in a reset a moment later: the fences it sent them are lost, while its
+        later requests reach them on new connections."""
+        ensemble = self._ensembles.get(lid, [])
+        cut = [b for b in self.bookies if b.up and b.id in ensemble]
+        if len(cut) < 2:
+            return
+        cut = self._chaos.sample(cut, self._chaos.randint(1, len(cut) - 1))
+        for b in cut:
+            self.net.hold("recoverer", b.name)
+            self.net.hold(b.name, "recoverer")
+            self.loop.call_later(self._chaos.uniform(0.005, 0.06), self._heal_link, "recoverer", b.name, True)
+        self.trace(f"recoverer loses its fences to {','.join(b.name for b in cut)} (L{lid})")
+        self.faults["lost-fences"] = self.faults.get("lost-fences", 0) + 1
+
+    def _hang_one_of(self, w: Writer, lh: Any) -> None:
+        """A bookie of a writer's new ledger stops answering it (its answers held for
+        seconds) while the ledger is written: with Qa < Qw its adds still reach Qa, and the
+        late failures must replace it."""
+        ensemble = lh.metadata.last_ensemble
+        victim = self._chaos.choice([b for b in self.bookies if b.id in ensemble])
+        span = self._chaos.uniform(3.0, 10.0)
+        self.net.hold(victim.name, w.name)
+        self.loop.call_later(span, self._heal_link, w.name, victim.name)
+        self.trace(f"{victim.id} stops answering {w.name} for {span:.3f} s (L{lh.ledger_id})")
+        self.faults["hung-bookie"] = self.faults.get("hung-bookie", 0) + 1
+
+    def _crash_one_of(self, lid: int) -> None:
+        """A bookie of the ledger's first ensemble crashes while its recovery runs."""
+        ensemble = self._ensembles.get(lid, [])
+        up = [b for b in self.bookies if b.up and b.id in ensemble]
+        if up:
+            self._crash(self._chaos.choice(up), f"during the recovery of L{lid}")
+
+    def _crash(self, victim: SimBookie, why: str) -> None:
+        if not victim.up or self.healed or self.done or \
+                len(self.bookies) - sum(b.up for b in self.bookies) >= self.cfg.max_down:
+            return
+        self.trace(f"{victim.id} crashes {why}")
+        victim.crash(torn=False)
+        self._fault_tasks.append(self.spawn("faults", self._restart(victim, self._chaos.uniform(0.05, 1.0))))
+        self.faults["recovery-crash"] = self.faults.get("recovery-crash", 0) + 1
 
     def _heal_link(self, a: str, b: str, lossy: bool = False) -> None:
         if lossy:

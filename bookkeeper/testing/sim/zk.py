@@ -64,6 +64,10 @@ class SimZooKeeper:
         self.data_watches: dict[str, list[Callable[[WatchedEvent], None]]] = {}
         self.child_watches: dict[str, list[Callable[[WatchedEvent], None]]] = {}
         self.stats = {"calls": 0, "writes": 0, "lost_requests": 0, "lost_replies": 0, "expiries": 0}
+        self.last_trouble: dict[str, float] = {}  # node -> when a call of its last failed (ConnectionLoss)
+        # on_write(path, data, node) after each set applied: the simulator's hook for faults
+        # placed at a moment that matters (a recovery's own ensemble change)
+        self.on_write: Callable[[str, bytes, str], None] = lambda _p, _d, _n: None
 
     def client(self, node: str, partitioned: Callable[[str], bool]) -> SimKazooClient:
         return SimKazooClient(self, node, partitioned)
@@ -207,9 +211,11 @@ class SimKazooClient:
         if self.closed:
             raise SessionExpiredError("session closed")
         if self._partitioned(self.node):
+            self.zk.last_trouble[self.node] = self.zk.loop.time()
             raise ConnectionLoss("partitioned from ZooKeeper")
         if self.zk.loss_rate and self.zk.rng.random() < self.zk.loss_rate:
             self.zk.stats["lost_requests"] += 1
+            self.zk.last_trouble[self.node] = self.zk.loop.time()
             raise ConnectionLoss("request lost")
         if write:
             self.zk.stats["writes"] += 1
@@ -218,6 +224,7 @@ class SimKazooClient:
         """After a write was applied: its reply may be lost (the caller sees ConnectionLoss)."""
         if self.zk.reply_loss_rate and self.zk.rng.random() < self.zk.reply_loss_rate:
             self.zk.stats["lost_replies"] += 1
+            self.zk.last_trouble[self.node] = self.zk.loop.time()
             raise ConnectionLoss("reply lost (the write was applied)")
 
     def create(self, path: str, value: bytes = b"", acl: Any = None, ephemeral: bool = False,
@@ -271,6 +278,7 @@ class SimKazooClient:
     def set(self, path: str, value: bytes, version: int = -1) -> ZnodeStat:
         self._call(True)
         stat = self.zk._set(path, value, version)
+        self.zk.on_write(path, bytes(value), self.node)
         self._reply()
         return stat
 
