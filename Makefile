@@ -28,8 +28,10 @@ LOADTEST_DIR := loadtest-out
 # nftables (partitions) and iproute2.
 APT_PACKAGES := zookeeper supervisor openssh-server nftables iproute2
 VERIFY_SECONDS ?= 180
+SIM_SEEDS ?= 0..199
+SIM_OPS ?= 5000
 
-.PHONY: run test loadtest setup system-deps venv build clean fuzz verify
+.PHONY: run test loadtest setup system-deps venv build clean fuzz verify sim
 
 run: setup
 	$(VENV)/bin/bk sandbox --dir sandbox
@@ -75,6 +77,11 @@ build: $(VENV)/.stamp-build
 # with every local fault kind on a seeded schedule; exits non-zero on any anomaly (docs/operations.md).
 verify: setup
 	$(VENV)/bin/bk verify local --bookies 5 --seconds $(VERIFY_SECONDS) --dir verify-out
+
+# `make sim SIM_SEEDS=A..B SIM_OPS=M` (default 0..199, 5000): the deterministic simulator over many
+# seeds (docs/simulation.md); stops at the first violated invariant, with the command to replay it.
+sim: setup
+	$(VENV)/bin/bk sim --seeds $(SIM_SEEDS) --ops $(SIM_OPS)
 
 # A sandbox in the background, a headless locust run against it, the sandbox stopped.
 loadtest: setup

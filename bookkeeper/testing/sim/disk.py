@@ -37,7 +37,7 @@ class SimSyncer:
         # The mutation "ack before fdatasync": done(None) at once, the bytes made durable
         # only a sync latency later (a crash in between tears acknowledged bytes).
         self.ack_before_sync = ack_before_sync
-        self.unsynced: deque[list[Any]] = deque()  # [fd, offset, old bytes, new length]
+        self.unsynced: deque[list[Any]] = deque()  # [fd, its inode, offset, old bytes, new length]
         self._last = 0.0
         self.closed = False
         self.stats = {"submits": 0, "eio": 0, "torn_writes": 0}
@@ -47,7 +47,7 @@ class SimSyncer:
         data = bytes(buf)
         old = os.pread(fd, len(data), offset)
         os.pwrite(fd, data, offset)
-        entry = [fd, offset, old.ljust(len(data), b"\0"), len(data)]
+        entry = [fd, os.fstat(fd).st_ino, offset, old.ljust(len(data), b"\0"), len(data)]
         self.unsynced.append(entry)
         lo, hi = self.latency_s
         self._last = max(self._last, self.loop.time()) + self.rng.uniform(lo, hi)
@@ -76,14 +76,15 @@ class SimSyncer:
     def crash(self) -> int:
         """Power loss: each unsynced write keeps a random prefix; returns how many were torn."""
         torn = 0
-        for fd, offset, old, n in reversed(self.unsynced):
+        for fd, inode, offset, old, n in reversed(self.unsynced):
             cut = self.rng.randint(0, n)
-            if cut < n:
-                try:
-                    os.pwrite(fd, old[cut:], offset + cut)
-                    torn += 1
-                except OSError:
-                    pass  # the file was closed and removed (trimmed) meanwhile
+            try:
+                if cut == n or os.fstat(fd).st_ino != inode:
+                    continue  # kept whole; or the file was closed (rolled, trimmed), its fd reused
+                os.pwrite(fd, old[cut:], offset + cut)
+                torn += 1
+            except OSError:
+                pass  # closed meanwhile
         self.unsynced.clear()
         self.stats["torn_writes"] += torn
         self.closed = True

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -59,6 +59,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         self._vnow = 0.0
         # job -> seconds it takes (the simulation's choice, seeded); default: none
         self.executor_delay: Callable[[Any], float] = lambda _fn: 0.0
+        # (protocol factory, host, port) -> (transport, protocol): the simulated network's connect
+        self.connect: Callable[..., Awaitable[tuple[Any, Any]]] | None = None
         super().__init__(_NoSelector(self._advance))
 
     def time(self) -> float:
@@ -74,7 +76,15 @@ class SimLoop(asyncio.SelectorEventLoop):
     def _write_to_self(self) -> None:
         """call_soon_threadsafe's wake-up: nothing sleeps here, so nothing to wake."""
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    async def create_connection(self, protocol_factory: Callable[[], Any], host: str | None = None,
+                                port: int | None = None, **_kwargs: Any) -> tuple[Any, Any]:
+        """A TCP connect through the simulated network (`connect`, set by the simulation)."""
+        if self.connect is None:
+            raise ConnectionRefusedError("no simulated network")
+        return await self.connect(protocol_factory, host, port)
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any],  # type: ignore[override]
+                        *args: Any) -> asyncio.Future[Any]:
         """The job runs on the loop (no thread) once its virtual duration has passed."""
         fut: asyncio.Future[Any] = self.create_future()
 

@@ -11,8 +11,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bookkeeper._ext.client import AddTracker
 from bookkeeper.client import ledger
 from bookkeeper.meta.ledger_metadata import LedgerState
+from bookkeeper.proto import Flag
 
 MUTATIONS: dict[str, str] = {
     "ack-before-qa": "the writer acknowledges an entry once Qa - 1 bookies stored it",
@@ -31,14 +33,12 @@ class _NoFence:
     """ledger.Flag with FENCE worth nothing (RECOVERY_ADD kept)."""
 
     FENCE = 0
-    RECOVERY_ADD = ledger.Flag.RECOVERY_ADD
-    LONG_POLL = ledger.Flag.LONG_POLL
+    RECOVERY_ADD = Flag.RECOVERY_ADD
+    LONG_POLL = Flag.LONG_POLL
 
 
 def _tracker_with(qa_drop: int = 0, lac_ahead: bool = False) -> Callable[..., Any]:
-    base = ledger.AddTracker
-
-    class Tracker(base):  # type: ignore[misc, valid-type]
+    class Tracker(AddTracker):  # type: ignore[misc]
         def send_entries(self, datas: list[bytes], first_entry: int, piggyback_lac: int, *rest: Any) -> Any:
             return super().send_entries(datas, first_entry, first_entry - 1 if lac_ahead else piggyback_lac, *rest)
 

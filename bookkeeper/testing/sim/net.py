@@ -137,9 +137,9 @@ class SimTransport(asyncio.Transport):
         if isinstance(proto, asyncio.BufferedProtocol):
             view = memoryview(data)
             while view and not self.dead:
-                buf = proto.get_buffer(len(view))
+                buf = memoryview(proto.get_buffer(len(view)))
                 n = min(len(buf), len(view))
-                memoryview(buf)[:n] = view[:n]
+                buf[:n] = view[:n]
                 proto.buffer_updated(n)
                 view = view[n:]
         elif proto is not None:
@@ -158,13 +158,11 @@ class SimNetwork:
     """Listeners by address, connections between nodes, and the faults between them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, *,
-                 latency_s: tuple[float, float] = (50e-6, 400e-6), split: float = 0.3,
-                 trace: Callable[[str], None] = lambda _line: None) -> None:
+                 latency_s: tuple[float, float] = (50e-6, 400e-6), split: float = 0.3) -> None:
         self.loop = loop
         self.rng = rng
         self.latency_s = latency_s
         self.split = split  # chance that a write is cut into more than one packet
-        self.trace = trace
         self.listeners: dict[tuple[str, int], tuple[str, contextvars.Context, Callable[[], asyncio.BaseProtocol]]] = {}
         self.up: set[str] = set()
         self.links: dict[tuple[str, str], Link] = {}

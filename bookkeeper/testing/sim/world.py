@@ -14,23 +14,23 @@ import concurrent.futures
 import contextvars
 import functools
 import random
-import shutil
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.journal.journal import Journal
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
 from bookkeeper.bookie.shard import apply_records, checkpoint
-from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.errors import BKError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.testing.sim.disk import SimSyncer
+from bookkeeper.testing.sim.loop import SimLoop
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
 from bookkeeper.testing.sim.oracle import KEEP_LIMIT_ZK_TROUBLE_S, LedgerTruth, Oracle, Violation
 from bookkeeper.testing.sim.zk import SimZooKeeper
@@ -132,7 +132,7 @@ class SimShard:
     async def start(self) -> None:
         w = self.bookie.world
         loop = w.loop
-        self.storage = LedgerStorage(self.dir / "ledgers", map_size=1 << 26)
+        self.storage = storage = LedgerStorage(self.dir / "ledgers", map_size=1 << 26)
         self.server = ShardServer(storage=self.storage, shard_index=self.index, shards=w.cfg.shards,
                                   max_frame_bytes=5 << 20, readonly=False, data_dir=str(self.dir / "ledgers"),
                                   clock=loop.time, wall_clock=lambda: WALL_EPOCH + loop.time())
@@ -143,7 +143,7 @@ class SimShard:
                                preallocate_bytes=256 << 10, file_max_bytes=1 << 20, reuse_files=2,
                                clock=loop.time, spare_filler=_Inline())
         self.server.journal = self.journal
-        self.journal.replay(self.storage.checkpoint_mark(), lambda recs: apply_records(self.storage, recs))
+        self.journal.replay(storage.checkpoint_mark(), lambda recs: apply_records(storage, recs))
         self.journal.start()
         await checkpoint(loop, self.storage, self.journal, self.server)
         server = self.server
@@ -319,7 +319,7 @@ class Result:
 class World:
     """One seeded run."""
 
-    def __init__(self, cfg: SimConfig, loop: Any, directory: Path, *, mutation: str | None = None,
+    def __init__(self, cfg: SimConfig, loop: SimLoop, directory: Path, *, mutation: str | None = None,
                  keep_trace: bool = False) -> None:
         self.cfg = cfg
         self.loop = loop
@@ -328,8 +328,8 @@ class World:
         self.rng = random.Random(f"world:{cfg.seed}")
         self.trace = Trace(loop, keep_trace)
         self.oracle = Oracle()
-        self.net = SimNetwork(loop, self.rng_for("net"), trace=self.trace)
-        self.zk = SimZooKeeper(loop, self.rng_for("zk"), trace=self.trace)
+        self.net = SimNetwork(loop, self.rng_for("net"))
+        self.zk = SimZooKeeper(loop, self.rng_for("zk"))
         self.zk.on_write = self._metadata_written
         self.oracle.on_recovery_add = self._recovery_add
         self.zk_cut: set[str] = set()
@@ -365,11 +365,11 @@ class World:
     def zk_partitioned(self, node: str) -> bool:
         return node in self.zk_cut
 
-    def spawn(self, node: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def spawn(self, node: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """A task of node (the network and ZooKeeper see its calls as node's)."""
         ctx = contextvars.copy_context()
         ctx.run(NODE.set, node)
-        task = self.loop.create_task(coro, context=ctx)
+        task: asyncio.Task[Any] = self.loop.create_task(coro, context=ctx)
         self._tasks.append(task)
         return task
 
@@ -415,7 +415,7 @@ class World:
         if self.oracle.violation is None:
             await self._in("checker", self._final())
 
-    async def _in(self, node: str, coro: Awaitable[Any]) -> Any:
+    async def _in(self, node: str, coro: Coroutine[Any, Any, Any]) -> Any:
         return await self.spawn(node, coro)
 
     async def _client(self, node: str) -> BookKeeper:
@@ -441,8 +441,7 @@ class World:
                              functools.partial(self._keep_limit, node=server.peer_node))
             _tap(server, tap, oracle)
             return transport, proto
-        net.connect = connect  # type: ignore[method-assign]
-        self.loop.create_connection = lambda factory, host, port, **_kw: connect(factory, host, port)
+        self.loop.connect = connect
 
     # -- workload ----------------------------------------------------------------------
     async def _write(self, w: Writer) -> None:
@@ -745,9 +744,9 @@ class World:
         self.healed = True
         if self._fault_tasks:
             self._fault_tasks[0].cancel()  # the injector; restarts under way finish (ensure_up)
-        for (a, b), link in sorted(self.net.links.items()):
+        for (src, dst), link in sorted(self.net.links.items()):
             if link.held:
-                self.net.release(a, b)
+                self.net.release(src, dst)
         self.zk_cut.clear()
         self.zk.loss_rate = self.zk.reply_loss_rate = 0.0
         for b in self.bookies:
@@ -816,6 +815,3 @@ def _tap(server: SimTransport, tap: Any, oracle: Oracle) -> None:
     server.deliver = delivered  # type: ignore[method-assign]
     server.write = written  # type: ignore[method-assign]
 
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -51,12 +51,11 @@ class SimZooKeeper:
     """The ensemble: the tree, the zxid, sessions and watches (loop thread only)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, *, loss_rate: float = 0.0,
-                 reply_loss_rate: float = 0.0, trace: Callable[[str], None] = lambda _l: None) -> None:
+                 reply_loss_rate: float = 0.0) -> None:
         self.loop = loop
         self.rng = rng
         self.loss_rate = loss_rate
         self.reply_loss_rate = reply_loss_rate
-        self.trace = trace
         self.zxid = 1
         self.nodes: dict[str, _Node] = {"/": _Node(b"", 0, 0)}
         self.sessions: dict[int, SimKazooClient] = {}
