@@ -37,6 +37,9 @@ from typing import Any
 from bookkeeper.proto import Flag, Op, Status, parse_requests, parse_responses
 
 MAX_FRAME = 5 << 20
+_FENCE, _RECOVERY_ADD = int(Flag.FENCE), int(Flag.RECOVERY_ADD)
+_ADD, _READ, _READ_LAC, _WRITE_LAC = int(Op.ADD_ENTRY), int(Op.READ_ENTRY), int(Op.READ_LAC), int(Op.WRITE_LAC)
+_OK, _NO_SUCH_ENTRY = int(Status.OK), int(Status.NO_SUCH_ENTRY)
 # How long a writer may keep sending to a bookie whose answers stopped, when ZooKeeper was in
 # trouble meanwhile (partitioned from the writer for up to 3 s, or losing requests): the add
 # timeout, the ensemble change's retries and back-off (~6.4 s in all), with room to spare.
@@ -95,7 +98,8 @@ class Oracle:
     def __init__(self) -> None:
         self.ledgers: dict[int, LedgerTruth] = {}
         self.fenced: set[tuple[str, int]] = set()  # (bookie, ledger) that answered a fence
-        self.said_ok: dict[str, set[tuple[int, int]]] = defaultdict(set)  # bookie -> (ledger, entry)
+        # bookie -> (ledger, entry) it answered OK for since its last start (checked at its next)
+        self.said_ok: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self.violation: Violation | None = None
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: None  # the first rewrite of a ledger at a bookie
@@ -122,15 +126,15 @@ class Oracle:
         del tap.rx[:used]
         for op, flags, rid, ledger_id, entry_id, _key, _aux, _payload, blob_lac in frames:
             tap.requests[rid] = (op, flags, ledger_id, entry_id)
-            if op == Op.ADD_ENTRY and flags & Flag.RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
+            if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
                 self._rewritten.add((tap.bookie, ledger_id))
                 self.on_recovery_add(tap.bookie, ledger_id)
             truth = self.ledgers.get(ledger_id)
             if truth is None:
                 continue
-            told = blob_lac if op == Op.ADD_ENTRY else entry_id if op == Op.WRITE_LAC else -1
+            told = blob_lac if op == _ADD else entry_id if op == _WRITE_LAC else -1
             self.checks += 1
-            if op == Op.ADD_ENTRY and tap.answers is not None:
+            if op == _ADD and tap.answers is not None:
                 self._kept(tap, ledger_id, entry_id)
             if told > truth.prefix:
                 self.fail("lac-ahead", f"ledger {ledger_id}: {tap.bookie} told LAC {told} "
@@ -164,15 +168,14 @@ class Oracle:
             if req is None:
                 continue
             _op, flags, _l, _e = req
-            if flags & Flag.FENCE and op in (Op.READ_ENTRY, Op.READ_LAC) and status in (Status.OK,
-                                                                                       Status.NO_SUCH_ENTRY):
+            if flags & _FENCE and op in (_READ, _READ_LAC) and status in (_OK, _NO_SUCH_ENTRY):
                 self.fenced.add((tap.bookie, ledger_id))
-            elif op == Op.ADD_ENTRY and status == Status.OK:
+            elif op == _ADD and status == _OK:
                 self.checks += 1
-                if not flags & Flag.RECOVERY_ADD and (tap.bookie, ledger_id) in self.fenced:
+                if not flags & _RECOVERY_ADD and (tap.bookie, ledger_id) in self.fenced:
                     self.fail("fenced-add", f"{tap.bookie} answered OK to a plain add of entry {entry_id} of "
                               f"ledger {ledger_id} after it answered a fence for it")
-                self.said_ok[tap.bookie].add((ledger_id, entry_id))
+                self.said_ok[tap.bookie].append((ledger_id, entry_id))
                 truth = self.ledgers.get(ledger_id)
                 if truth is not None:
                     truth.ok[entry_id].add(tap.bookie)
@@ -212,8 +215,11 @@ class Oracle:
                       f"{truth.prefix} were on Qa bookies")
 
     def restarted(self, bookie: str, holds: Any) -> None:
-        """holds(ledger, entry) -> bool: what the bookie's storage has after its replay."""
-        for ledger_id, entry_id in sorted(self.said_ok.get(bookie, ())):
+        """holds(ledger, entry) -> bool: what the bookie's storage has after its replay. Only
+        what it answered OK for since its last start is looked up: what it held then was
+        checked at that start, and the start's checkpoint put it in storage, which a crash
+        here does not tear (disk.py)."""
+        for ledger_id, entry_id in self.said_ok.pop(bookie, []):
             self.checks += 1
             if not holds(ledger_id, entry_id):
                 self.fail("lost-on-restart", f"{bookie} answered OK for entry {entry_id} of ledger {ledger_id} "
