@@ -13,7 +13,6 @@ violation ends the run with its seed, its invariant and the trace's last lines.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import tempfile
@@ -53,7 +52,6 @@ def run(config: SimConfig, *, mutation: str | None = None, trace_file: Path | No
         finally:
             loop.run_until_complete(world.shutdown())
             loop.close()
-            asyncio.set_event_loop(None)
     if trace_file is not None and world.trace.lines is not None:
         trace_file.write_text("\n".join(world.trace.lines) + "\n")
     return world.result()

@@ -38,6 +38,7 @@ class SimSyncer:
         # only a sync latency later (a crash in between tears acknowledged bytes).
         self.ack_before_sync = ack_before_sync
         self.unsynced: deque[list[Any]] = deque()  # [fd, its inode, offset, old bytes, new length]
+        self.written: dict[str, list[tuple[int, int]]] = {}  # file -> its last writes (offset, length)
         self._last = 0.0
         self.closed = False
         self.stats = {"submits": 0, "eio": 0, "torn_writes": 0}
@@ -48,6 +49,9 @@ class SimSyncer:
         old = os.pread(fd, len(data), offset)
         os.pwrite(fd, data, offset)
         entry = [fd, os.fstat(fd).st_ino, offset, old.ljust(len(data), b"\0"), len(data)]
+        writes = self.written.setdefault(os.readlink(f"/proc/self/fd/{fd}"), [])
+        writes.append((offset, len(data)))
+        del writes[:-64]
         self.unsynced.append(entry)
         lo, hi = self.latency_s
         self._last = max(self._last, self.loop.time()) + self.rng.uniform(lo, hi)
@@ -89,6 +93,23 @@ class SimSyncer:
         self.stats["torn_writes"] += torn
         self.closed = True
         return torn
+
+    def rot(self, replayed: Callable[[str, int], bool]) -> str | None:
+        """Damage a synced write that a later write of the same file follows (bit rot, a
+        misdirected write: what only a disk does to acknowledged bytes), among those
+        replayed(file, offset) says the next start reads; returns the file, or None when there
+        is no such write. Call after crash(): nothing is in flight then."""
+        candidates = sorted((p, off, n) for p, w in self.written.items() if os.path.exists(p)
+                            for off, n in w[:-1] if replayed(p, off))
+        if not candidates:
+            return None
+        path, offset, n = self.rng.choice(candidates)
+        with open(path, "r+b") as f:
+            f.seek(offset + n // 2)
+            chunk = f.read(16)
+            f.seek(offset + n // 2)
+            f.write(bytes(b ^ 0xFF for b in chunk))
+        return path
 
     def close(self) -> None:
         self.closed = True

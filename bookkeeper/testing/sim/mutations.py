@@ -14,15 +14,18 @@ from typing import Any
 from bookkeeper._ext.client import AddTracker
 from bookkeeper.client import ledger
 from bookkeeper.meta.ledger_metadata import LedgerState
-from bookkeeper.proto import Flag
+from bookkeeper.proto import Flag, Op
 
 MUTATIONS: dict[str, str] = {
     "ack-before-qa": "the writer acknowledges an entry once Qa - 1 bookies stored it",
     "lac-from-unacked": "a batch piggybacks as LAC the entry before it, acknowledged or not",
     "recovery-fences-one": "recovery goes on after the first bookie answers its fence",
+    "recovery-reads-without-fence": "recovery's entry reads carry no FENCE (its first fence still does: #2614)",
+    "fence-before-durable": "a bookie answers a fence before the fence is in its journal",
     "recovery-without-fence": "recovery's reads carry no FENCE flag (nothing is fenced)",
     "fenced-takes-add": "a bookie answers a fence but does not mark the ledger fenced",
     "ack-before-fsync": "the journal device reports a write durable before it is synced",
+    "replay-past-corrupt-middle": "journal replay treats a damaged block with valid ones after it as a torn end",
     "no-resend-to-replaced": "an ensemble change does not resend outstanding entries to the new bookie",
     "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
     "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
@@ -69,6 +72,30 @@ def _fence_ignored() -> contextlib.AbstractContextManager[None]:
     return _patched(ShardServer, "_fence", fence)
 
 
+def _reads_unfenced() -> contextlib.AbstractContextManager[None]:
+    from bookkeeper.client.bookie_client import BookieClientPool
+    original = BookieClientPool.call
+
+    async def call(self: Any, bookie_id: str, op: int, flags: int, *rest: Any, **kw: Any) -> Any:
+        if op == Op.READ_ENTRY:
+            flags &= ~int(Flag.FENCE)
+        return await original(self, bookie_id, op, flags, *rest, **kw)
+    return _patched(BookieClientPool, "call", call)
+
+
+def _fence_answered_early() -> contextlib.AbstractContextManager[None]:
+    from bookkeeper._ext.journal import REC_FENCE
+    from bookkeeper.bookie.journal.journal import Journal
+    original = Journal.append
+
+    def append(self: Any, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
+        if rtype == REC_FENCE and item[0] is not None:
+            item[0].respond(item[1])  # answered now; journaled with no answer waiting
+            item = (None, None, 0.0)
+        original(self, rtype, ledger_id, entry_id, data, item)
+    return _patched(Journal, "append", append)
+
+
 def _no_resend() -> contextlib.AbstractContextManager[None]:
     original = ledger.WriteHandle._send_add
 
@@ -109,10 +136,23 @@ def applied(name: str | None) -> Iterator[None]:
         patch = _patched(ledger, "fence_covered", lambda ok, **_kw: bool(ok))
     elif name == "recovery-without-fence":
         patch = _patched(ledger, "Flag", _NoFence)
+    elif name == "recovery-reads-without-fence":
+        patch = _reads_unfenced()
+    elif name == "fence-before-durable":
+        patch = _fence_answered_early()
     elif name == "fenced-takes-add":
         patch = _fence_ignored()
     elif name == "no-resend-to-replaced":
         patch = _no_resend()
+    elif name == "replay-past-corrupt-middle":
+        from bookkeeper.bookie.journal import journal, policy
+        original = policy.replay_step
+
+        def step(header: Any, scan: Any, *, reused: bool) -> Any:
+            if scan is policy.BlockScan.CORRUPT_MIDDLE:
+                return policy.ReplayStep.APPLY_TORN
+            return original(header, scan, reused=reused)
+        patch = _patched(journal, "replay_step", step)
     elif name == "no-replacement-on-late-failure":
         patch = _patched(ledger.WriteHandle, "_still_writing_to", lambda *_a: False)
     elif name == "recovery-from-interrupted-segments":

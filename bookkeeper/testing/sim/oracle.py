@@ -103,6 +103,7 @@ class Oracle:
         self.violation: Violation | None = None
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: None  # the first rewrite of a ledger at a bookie
+        self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
         self._rewritten: set[tuple[str, int]] = set()
 
     def fail(self, invariant: str, detail: str) -> None:
@@ -119,13 +120,17 @@ class Oracle:
     def tap(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None) -> _Tap:
         return _Tap(bookie, answers, clock, limit)
 
-    def requests_in(self, tap: _Tap, data: bytes) -> None:
-        """Bytes a bookie received: record each request; check the LACs writers tell."""
+    def requests_in(self, tap: _Tap, data: bytes) -> bool:
+        """Bytes a bookie received: record each request; check the LACs writers tell. True if
+        the simulation loses these bytes instead (on_fence asked for a fence to be lost)."""
         tap.rx += data
         frames, used = parse_requests(bytes(tap.rx), MAX_FRAME)
         del tap.rx[:used]
+        lose = False
         for op, flags, rid, ledger_id, entry_id, _key, _aux, _payload, blob_lac in frames:
             tap.requests[rid] = (op, flags, ledger_id, entry_id)
+            if flags & _FENCE and self.on_fence(tap.bookie, ledger_id):
+                lose = True
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
                 self._rewritten.add((tap.bookie, ledger_id))
                 self.on_recovery_add(tap.bookie, ledger_id)
@@ -139,6 +144,7 @@ class Oracle:
             if told > truth.prefix:
                 self.fail("lac-ahead", f"ledger {ledger_id}: {tap.bookie} told LAC {told} "
                           f"({Op(op).name}) while only entries up to {truth.prefix} were on Qa bookies")
+        return lose
 
     def _kept(self, tap: _Tap, ledger_id: int, entry_id: int) -> None:
         """An add reached a bookie: fail if the writer has had no answer from it (they are

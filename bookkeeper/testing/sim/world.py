@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import os
 import random
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -128,6 +129,8 @@ class SimShard:
         self.server: ShardServer | None = None
         self.journal: Journal | None = None
         self.syncer: SimSyncer | None = None
+        self.last_syncer: SimSyncer | None = None  # the device of the incarnation that crashed
+        self.last_mark = (0, 0)  # its checkpoint mark: replay starts there
 
     async def start(self) -> None:
         w = self.bookie.world
@@ -170,7 +173,9 @@ class SimShard:
         if self.journal is not None:
             self.journal.close()
         if self.storage is not None:
+            self.last_mark = self.storage.checkpoint_mark()
             self.storage.close()
+        self.last_syncer = self.syncer
         self.storage = self.server = self.journal = self.syncer = None
         return n
 
@@ -186,6 +191,7 @@ class SimBookie:
         self.shards = [SimShard(self, s) for s in range(world.cfg.shards)]
         self.up = False
         self.broken = False  # refused to start: stays down
+        self.rotted = False  # a synced block of its journal was damaged (the loss budget)
         self.starts = 0
         self.store: ZkMetadataStore | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -199,11 +205,16 @@ class SimBookie:
             try:
                 await self.start()
             except (BKError, OSError) as e:
-                # Synced bytes are never damaged here (disk.py), so a bookie that refuses to
-                # start acknowledged what it had not made durable, or its replay is wrong.
                 self.broken = True
-                self.world.oracle.fail("refused-start", f"{self.id} does not start again: "
-                                       f"{str(e).replace(str(self.world.dir), '<sim>')}")
+                why = str(e).replace(str(self.world.dir), "<sim>")
+                if self.rotted:
+                    # The budget spent: its journal was damaged on purpose; it stays down (an
+                    # operator would replace its disks and decommission it).
+                    self.world.trace(f"{self.id} refuses to start on its damaged journal: it stays down")
+                    return
+                # Synced bytes are damaged only by `rot` (disk.py), so a bookie that refuses to
+                # start otherwise acknowledged what it had not made durable, or its replay is wrong.
+                self.world.oracle.fail("refused-start", f"{self.id} does not start again: {why}")
 
     def info(self) -> dict[str, Any]:
         return {"bookie_id": self.id, "rack": "/default-rack", "readonly": False,
@@ -276,6 +287,21 @@ class SimBookie:
                 except Exception as e:  # noqa: BLE001 - as the shard's: logged, retried next time
                     self.world.trace(f"{self.id} checkpoint failed: {e}")
 
+    def rot(self) -> None:
+        """Damage a synced block of one shard's journal (while down, after crash)."""
+        for shard in self.shards:
+            mark = shard.last_mark
+
+            def replayed(path: str, offset: int, mark: tuple[int, int] = mark) -> bool:
+                file_id = int(os.path.basename(path).split(".")[0], 16)
+                return (file_id, offset) >= mark
+            path = shard.last_syncer.rot(replayed) if shard.last_syncer is not None else None
+            if path is not None:
+                self.rotted = True
+                self.world.trace(f"{self.id} journal block damaged in {os.path.basename(path)}")
+                self.world.faults["rot"] = self.world.faults.get("rot", 0) + 1
+                return
+
     def crash(self, torn: bool) -> None:
         w = self.world
         self.up = False
@@ -332,6 +358,7 @@ class World:
         self.zk = SimZooKeeper(loop, self.rng_for("zk"))
         self.zk.on_write = self._metadata_written
         self.oracle.on_recovery_add = self._recovery_add
+        self.oracle.on_fence = self._fence_arrives
         self.zk_cut: set[str] = set()
         self.bookies = [SimBookie(self, i) for i in range(cfg.bookies)]
         self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
@@ -339,6 +366,7 @@ class World:
         self._ensembles: dict[int, list[str]] = {}  # ledger -> its first ensemble
         self._chaos = self.rng_for("recovery-chaos")
         self._dying: Any = None  # the running recovery's asyncio.timeout: its client may die early
+        self._fences_to_lose: dict[int, set[str]] = {}  # ledger -> bookies its recovery's fences will not reach
         self.faults: dict[str, int] = {}
         self.done = False
         self.healed = False
@@ -558,6 +586,7 @@ class World:
             return False
         finally:
             self._dying = None
+            self._fences_to_lose.pop(lid, None)
         self.counts["recoveries"] += 1
         self.oracle.closed(truth, rh.last_add_confirmed, "a recovery")
         self.trace(f"L{lid} recovered, closed at {rh.last_add_confirmed}")
@@ -623,6 +652,8 @@ class World:
                     self._fault_tasks.append(self.spawn("faults", self._restart(bookie, 0.05, crash_after=span)))
                 else:
                     bookie.crash(torn=kind == "power-loss")
+                    if kind == "crash" and self._may_rot() and rng.random() < 0.5:
+                        bookie.rot()
                     self._fault_tasks.append(self.spawn("faults", self._restart(bookie, rng.uniform(0.05, 2.0))))
             elif kind in ("partition", "reply-drop", "isolate"):
                 # isolate: a client cut from several bookies at once (a recovery that reaches
@@ -674,20 +705,23 @@ class World:
             self._dying.reschedule(self.loop.time() + self._chaos.uniform(0.0, 0.005))
 
     def _lose_fences(self, lid: int) -> None:
-        """The recovering client is cut from some of the ledger's bookies as it starts, and
-        the cut ends in a reset a moment later: the fences it sent them are lost, while its
-        later requests reach them on new connections."""
+        """This recovery's fences to some of the ledger's bookies (all but one, at most) will be
+        lost: the connection each arrives on is reset instead (a bookie restarting, a NAT
+        forgetting it). The recovery's later requests reach those bookies on new connections."""
         ensemble = self._ensembles.get(lid, [])
-        cut = [b for b in self.bookies if b.up and b.id in ensemble]
-        if len(cut) < 2:
+        if len(ensemble) < 2:
             return
-        cut = self._chaos.sample(cut, self._chaos.randint(1, len(cut) - 1))
-        for b in cut:
-            self.net.hold("recoverer", b.name)
-            self.net.hold(b.name, "recoverer")
-            self.loop.call_later(self._chaos.uniform(0.005, 0.06), self._heal_link, "recoverer", b.name, True)
-        self.trace(f"recoverer loses its fences to {','.join(b.name for b in cut)} (L{lid})")
-        self.faults["lost-fences"] = self.faults.get("lost-fences", 0) + 1
+        self._fences_to_lose[lid] = set(self._chaos.sample(ensemble, self._chaos.randint(1, len(ensemble) - 1)))
+
+    def _fence_arrives(self, bookie: str, ledger_id: int) -> bool:
+        """A fence reaches a bookie: True to lose it (and reset its connection)."""
+        lose = self._fences_to_lose.get(ledger_id)
+        if lose is None or bookie not in lose:
+            return False
+        lose.discard(bookie)
+        self.trace(f"the recovery's fence of L{ledger_id} to {bookie} is lost with its connection")
+        self.faults["lost-fence"] = self.faults.get("lost-fence", 0) + 1
+        return True
 
     def _hang_one_of(self, w: Writer, lh: Any) -> None:
         """A bookie of a writer's new ledger stops answering it (its answers held for
@@ -716,6 +750,12 @@ class World:
         victim.crash(torn=False)
         self._fault_tasks.append(self.spawn("faults", self._restart(victim, self._chaos.uniform(0.05, 1.0))))
         self.faults["recovery-crash"] = self.faults.get("recovery-crash", 0) + 1
+
+    def _may_rot(self) -> bool:
+        """Damaging a synced journal block is in the budget: a bookie may lose what it
+        acknowledged only when fewer than Qa bookies of any write set do, so one bookie at a
+        time, and never with Qa = 1."""
+        return self.cfg.ack_quorum >= 2 and not any(b.rotted for b in self.bookies)
 
     def _heal_link(self, a: str, b: str, lossy: bool = False) -> None:
         if lossy:
@@ -805,7 +845,9 @@ def _tap(server: SimTransport, tap: Any, oracle: Oracle) -> None:
     deliver, write = server.deliver, server.write
 
     def delivered(data: bytes) -> None:
-        oracle.requests_in(tap, data)
+        if oracle.requests_in(tap, data):
+            server.net.reset(server)  # a fault placed on a request: lost, with its connection
+            return
         deliver(data)
 
     def written(data: bytes | bytearray | memoryview) -> None:
