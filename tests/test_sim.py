@@ -26,6 +26,19 @@ MUTATION_SEEDS = range(0, 20)
 # Mutations the simulator does not catch within 20 seeds yet (docs/simulation.md says why);
 # the test below fails if one of them starts being caught, so the list stays true.
 NOT_CAUGHT_YET = {"recovery-fences-one", "recovery-reads-without-fence"}
+# Which invariants may catch each mutation (docs/simulation.md's table).
+CAUGHT_BY = {
+    "ack-before-qa": {"ack-quorum"},
+    "lac-from-unacked": {"lac-ahead"},
+    "recovery-without-fence": {"lost-entry", "acked-after-close"},
+    "fenced-takes-add": {"fenced-add"},
+    "no-resend-to-replaced": {"stuck"},
+    "fence-before-durable": {"fenced-add", "fence-lost"},
+    "replay-past-corrupt-middle": {"lost-on-restart"},
+    "no-replacement-on-late-failure": {"kept-failed-bookie"},
+    "recovery-from-interrupted-segments": {"acked-after-close", "kept-failed-bookie", "lost-entry"},
+    "ack-before-fsync": {"refused-start", "lost-on-restart"},
+}
 BK = [sys.executable, "-m", "bookkeeper.cli.main"]
 
 
@@ -231,6 +244,10 @@ def test_a_seed_replays_byte_for_byte_under_two_hash_seeds(tmp_path: Path) -> No
     assert b" acked " in one and b" created on " in one  # a trace of the writers' progress, not just a header
 
 
+def test_every_mutation_has_a_verdict_here() -> None:
+    assert set(MUTATIONS) == set(CAUGHT_BY) | NOT_CAUGHT_YET
+
+
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_each_mutation_is_caught_within_20_seeds(mutation: str) -> None:
     caught = None
@@ -243,6 +260,7 @@ def test_each_mutation_is_caught_within_20_seeds(mutation: str) -> None:
         assert caught is None, f"{mutation} is caught now ({caught}): take it off NOT_CAUGHT_YET"
     else:
         assert caught is not None, f"{mutation}: no seed of {MUTATION_SEEDS} caught it"
+        assert caught[1] in CAUGHT_BY[mutation], caught
 
 
 # -- bk sim ------------------------------------------------------------------------------

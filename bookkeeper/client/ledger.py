@@ -691,7 +691,7 @@ class WriteHandle(ReadHandle):
         OK responses itself."""
         entry_id, idx, bookie = ctx
         if not self._tracker.is_current(entry_id, idx, bookie):
-            if err.retriable and self._still_writing_to(entry_id, idx, bookie):
+            if err.retriable and self._still_writing_to(entry_id, bookie):
                 self._replace_bookie(bookie, entry_id, err)
             return  # already settled, or from a bookie replaced since (resent elsewhere)
         if isinstance(err, LedgerFencedError):
@@ -708,13 +708,14 @@ class WriteHandle(ReadHandle):
         writes in (OPEN, or IN_RECOVERY for a recovery's rewrites)."""
         return self._error is None and not self._closing and self.metadata.state is self._writable_state
 
-    def _still_writing_to(self, entry_id: int, idx: int, bookie: str) -> bool:
+    def _still_writing_to(self, entry_id: int, bookie: str) -> bool:
         """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
-        replace it: the bookie is in the current segment's ensemble, so new entries go to it
-        too, whichever segment the failed entry was sent under. (The simulator, seed 9: a
-        failure of an entry of the segment before was ignored when an ensemble change had kept
-        the bookie, so a hung bookie stayed for another whole add timeout after every change
-        that replaced a different one.)
+        replace it: the bookie has been in every segment from the failed entry's to the last,
+        so new entries still go to it. An ensemble change that replaced another bookie keeps
+        it (the simulator, seed 9 at 18ac14b: a failure of an entry of the segment before such
+        a change was ignored, and a hung bookie stayed for another whole add timeout); a
+        segment without it in between means it was replaced and taken back later, and the
+        failure is of the old stay.
 
         Why: Apache BookKeeper replaces a bookie at its first failed write, acknowledged or not.
         Ignoring it leaves a dead or hung bookie in the ensemble, every later entry with Qw - 1
@@ -723,7 +724,10 @@ class WriteHandle(ReadHandle):
         """
         if not self._writing:
             return False
-        return bookie in self._current_segment()[1]
+        segments = self.metadata.ensembles
+        firsts = sorted(segments)
+        since = max((f for f in firsts if f <= entry_id), default=firsts[0])
+        return all(bookie in segments[f] for f in firsts if f >= since)
 
     def _replace_bookie(self, bookie: str, entry_id: int, err: BKError) -> None:
         """Count bookie failed (health, quarantine) and start an ensemble change unless one runs."""

@@ -169,6 +169,7 @@ class ZkMetadataStore:
         self.security = security or ZkSecurity()
         self.doc = SecurityDoc()
         self._private_key: X25519PrivateKey | None = None
+        self._injected = client is not None
         self.zk: KazooClient = client if client is not None else start_client(
             self.hosts, session_timeout_s=session_timeout_ms / 1000.0, connect_timeout_s=connect_timeout_s,
             client_factory=functools.partial(GuardedKazooClient, security=self.security,
@@ -199,7 +200,12 @@ class ZkMetadataStore:
         callback threads, and a watch recipe (DataWatch, ChildrenWatch) re-reading its node on
         the closing session's last events retries without end in one of them when the session
         was not connected at that moment; a close that never returns kept a Ctrl-C'd `bk stream
-        tail` from exiting. kazoo's threads are daemons: what is left ends with the process."""
+        tail` from exiting. kazoo's threads are daemons: what is left ends with the process.
+        An injected client (the simulator's) has no threads: it stops here, on this thread."""
+        if self._injected:
+            self.zk.stop()
+            self.zk.close()
+            return
         failed: list[BaseException] = []
 
         def stop() -> None:

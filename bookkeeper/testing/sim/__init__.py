@@ -14,13 +14,12 @@ violation ends the run with its seed, its invariant and the trace's last lines.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from bookkeeper.meta import ledger_metadata
-from bookkeeper.testing.sim.loop import SimLoop
+from bookkeeper.testing.sim.loop import SimLoop, Stuck
 from bookkeeper.testing.sim.mutations import MUTATIONS, applied
 from bookkeeper.testing.sim.oracle import Violation
 from bookkeeper.testing.sim.world import Result, SimConfig, World
@@ -42,20 +41,20 @@ def _cheap_passwords() -> Iterator[None]:
 
 def run(config: SimConfig, *, mutation: str | None = None, trace_file: Path | None = None) -> Result:
     """One simulated run of config (its seed and ops); the trace goes to trace_file if given."""
-    loop = SimLoop()
     with tempfile.TemporaryDirectory(prefix="bk-sim-") as tmp, _cheap_passwords(), applied(mutation):
-        world = World(config, loop, Path(tmp), mutation=mutation, keep_trace=trace_file is not None)
+        loop = SimLoop()
         try:
-            loop.run_until_complete(world.main())
-        except Violation as v:
-            world.oracle.fail(v.invariant, v.detail)
+            world = World(config, loop, Path(tmp), mutation=mutation, keep_trace=trace_file is not None)
+            try:
+                loop.run_until_complete(world.main())
+            except Stuck as e:
+                world.oracle.fail("stuck", f"the whole world waits on nothing ({e})")
+            except Exception as e:  # noqa: BLE001 - an exception out of the run is a finding with its seed
+                world.oracle.fail("unhandled-exception", f"the run failed: {e!r}")
+            finally:
+                loop.run_until_complete(world.shutdown())
         finally:
-            loop.run_until_complete(world.shutdown())
             loop.close()
     if trace_file is not None and world.trace.lines is not None:
         trace_file.write_text("\n".join(world.trace.lines) + "\n")
     return world.result()
-
-
-def trace_digest(lines: list[str]) -> str:
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()

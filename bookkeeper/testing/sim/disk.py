@@ -104,10 +104,11 @@ class SimSyncer:
         if not candidates:
             return None
         path, offset, n = self.rng.choice(candidates)
+        at = offset + self.rng.randint(0, min(n, 64) - 1)  # the block's head or first record, not its padding
         with open(path, "r+b") as f:
-            f.seek(offset + n // 2)
-            chunk = f.read(16)
-            f.seek(offset + n // 2)
+            f.seek(at)
+            chunk = f.read(8)
+            f.seek(at)
             f.write(bytes(b ^ 0xFF for b in chunk))
         return path
 

@@ -3,7 +3,7 @@ simulator only (for the length of one run), to show that its invariants catch th
 
 Each is a small patch over the production module it breaks, undone when the run ends;
 nothing here is imported by production code. A mutation that no seed catches says the
-simulator cannot see that class of bug: `tests/test_sim.py` runs each over CI's seeds.
+simulator cannot see that class of bug: `tests/test_sim.py` runs each over seeds 0..19.
 """
 from __future__ import annotations
 

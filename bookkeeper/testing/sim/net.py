@@ -137,6 +137,9 @@ class SimTransport(asyncio.Transport):
         if isinstance(proto, asyncio.BufferedProtocol):
             view = memoryview(data)
             while view and not self.dead:
+                if not self.reading:  # paused mid-packet: the rest waits, first in line
+                    self.inbox.appendleft(bytes(view))
+                    return
                 buf = memoryview(proto.get_buffer(len(view)))
                 n = min(len(buf), len(view))
                 buf[:n] = view[:n]
@@ -164,7 +167,6 @@ class SimNetwork:
         self.latency_s = latency_s
         self.split = split  # chance that a write is cut into more than one packet
         self.listeners: dict[tuple[str, int], tuple[str, contextvars.Context, Callable[[], asyncio.BaseProtocol]]] = {}
-        self.up: set[str] = set()
         self.links: dict[tuple[str, str], Link] = {}
         self.transports: list[SimTransport] = []
         self.stats = {"packets": 0, "bytes": 0, "resets": 0, "refused": 0}
@@ -250,6 +252,8 @@ class SimNetwork:
         t.arrival = max(t.arrival, self.loop.time()) + self._delay()
 
         def end() -> None:
+            if peer.dead:
+                return
             if t.in_flight:  # still held: a partition between them; the close waits with the bytes
                 self.loop.call_later(0.05, end, context=peer.ctx)
                 return
@@ -281,8 +285,8 @@ class SimNetwork:
     def release(self, a: str, b: str) -> None:
         """Held packets from a to b arrive, in order, and new ones flow again."""
         self.link(a, b).held = False
-        for t in self.transports:
-            if t.node == a and t.peer_node == b and not t.dead:
+        for t in self.transports:  # a sender closed meanwhile still delivers what it sent
+            if t.node == a and t.peer_node == b and t.peer is not None and not t.peer.dead:
                 for _ in range(len(t.in_flight)):
                     self._schedule(t)
 

@@ -101,6 +101,7 @@ class Oracle:
         # bookie -> (ledger, entry) it answered OK for since its last start (checked at its next)
         self.said_ok: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self.violation: Violation | None = None
+        self.on_violation: Any = lambda: None  # called once, as the first violation is found
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: None  # the first rewrite of a ledger at a bookie
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
@@ -109,6 +110,7 @@ class Oracle:
     def fail(self, invariant: str, detail: str) -> None:
         if self.violation is None:
             self.violation = Violation(invariant, detail)
+            self.on_violation()
 
     def ledger(self, ledger_id: int, ack_quorum: int) -> LedgerTruth:
         truth = self.ledgers.get(ledger_id)
