@@ -126,7 +126,7 @@ class Oracle:
         """Bytes a bookie received: record each request; check the LACs writers tell. True if
         the simulation loses these bytes instead (on_fence asked for a fence to be lost)."""
         tap.rx += data
-        frames, used = parse_requests(bytes(tap.rx), MAX_FRAME)
+        frames, used = parse_requests(tap.rx, MAX_FRAME)  # the buffer itself, no copy
         del tap.rx[:used]
         lose = False
         for op, flags, rid, ledger_id, entry_id, _key, _aux, _payload, blob_lac in frames:
@@ -169,7 +169,7 @@ class Oracle:
     def responses_out(self, tap: _Tap, data: bytes) -> None:
         """Bytes a bookie answered: fences, OK adds (and the fenced-add invariant)."""
         tap.tx += data
-        frames, used = parse_responses(bytes(tap.tx), MAX_FRAME)
+        frames, used = parse_responses(tap.tx, MAX_FRAME)
         del tap.tx[:used]
         for op, status, rid, ledger_id, entry_id, _lac, _payload in frames:
             req = tap.requests.pop(rid, None)

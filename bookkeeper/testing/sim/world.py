@@ -30,6 +30,7 @@ from bookkeeper.client.config import ClientConfig
 from bookkeeper.errors import BKError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.proto import shard_for_ledger
 from bookkeeper.testing.sim.disk import SimSyncer
 from bookkeeper.testing.sim.loop import SimLoop
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
@@ -253,7 +254,6 @@ class SimBookie:
         w.trace(f"{self.id} up (start {self.starts})")
 
     def _shard_of(self, ledger_id: int) -> SimShard:
-        from bookkeeper.proto import shard_for_ledger
         return self.shards[shard_for_ledger(ledger_id, len(self.shards))]
 
     def _holds(self, ledger_id: int, entry_id: int) -> bool:

@@ -254,23 +254,24 @@ class SimKazooClient:
             self.zk.data_watches.setdefault(path, []).append(watch)
         return None if n is None else self.zk._stat(n)
 
-    def get(self, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> tuple[bytes, ZnodeStat]:
+    def _read(self, path: str, watch: Callable[[WatchedEvent], None] | None,
+              watches: dict[str, list[Callable[[WatchedEvent], None]]]) -> _Node:
+        """A read of an existing node, leaving `watch` in `watches` (data or children)."""
         self._call(False)
         n = self.zk.nodes.get(path)
         if n is None:
             raise NoNodeError(path)
         if watch is not None:
-            self.zk.data_watches.setdefault(path, []).append(watch)
+            watches.setdefault(path, []).append(watch)
+        return n
+
+    def get(self, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> tuple[bytes, ZnodeStat]:
+        n = self._read(path, watch, self.zk.data_watches)
         return n.data, self.zk._stat(n)
 
     def get_children(self, path: str, watch: Callable[[WatchedEvent], None] | None = None,
                      include_data: bool = False) -> Any:
-        self._call(False)
-        n = self.zk.nodes.get(path)
-        if n is None:
-            raise NoNodeError(path)
-        if watch is not None:
-            self.zk.child_watches.setdefault(path, []).append(watch)
+        n = self._read(path, watch, self.zk.child_watches)
         children = sorted(n.children)
         return (children, self.zk._stat(n)) if include_data else children
 
@@ -305,12 +306,9 @@ class SimKazooClient:
         def look(event: WatchedEvent | None = None) -> None:
             if self.closed:
                 return
-            try:
-                n = self.zk.nodes.get(path)
-                self.zk.data_watches.setdefault(path, []).append(look)
-                data, stat = (None, None) if n is None else (n.data, self.zk._stat(n))
-            except Exception:  # noqa: BLE001 - a recipe survives a failed read, as kazoo's retries
-                return
+            n = self.zk.nodes.get(path)
+            self.zk.data_watches.setdefault(path, []).append(look)
+            data, stat = (None, None) if n is None else (n.data, self.zk._stat(n))
             if (func(data, stat, event) if event is not None else func(data, stat)) is False:
                 self.zk.data_watches.get(path, []).remove(look)
         look()
