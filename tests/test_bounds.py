@@ -292,9 +292,11 @@ def test_idle_connections_are_closed_and_the_client_does_not_notice(cluster: Loc
             await lh.add_entry(b"before")
             while gauge(b, "connections"):  # the client keeps its connection: the shard closes it
                 await asyncio.sleep(0.05)
-            # gauge() blocks this loop: let it read the close before the next add (an add written
-            # in the instant the shard closes is lost with the connection, and that is noticed).
-            await asyncio.sleep(0.2)
+            # gauge() blocks this loop: wait until the client has read the close before the next
+            # add (an add written in the instant the shard closes is lost with the connection).
+            conn = bk.pool.connection(b.bookie_id, lh.ledger_id)
+            while conn.pipe.connected:
+                await asyncio.sleep(0.01)
             for i in range(10):
                 await lh.add_entry(b"after-%d" % i)
             assert [e.data for e in await lh.read(0, 10)] == [b"before"] + [b"after-%d" % i for i in range(10)]
