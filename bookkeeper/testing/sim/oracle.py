@@ -191,16 +191,21 @@ class Oracle:
                         truth.prefix += 1
 
     # -- workload events -----------------------------------------------------------
-    def acked(self, truth: LedgerTruth, entry_id: int) -> None:
+    def acked(self, truth: LedgerTruth, first: int, last: int) -> None:
+        """The writer saw entries first..last acknowledged (in order, so every one before too):
+        each must have been answered OK by Qa bookies, which `prefix` already says for all up
+        to it; only the entries past it are looked at one by one."""
         self.checks += 1
-        n = len(truth.ok.get(entry_id, ()))
-        if n < truth.ack_quorum:
-            self.fail("ack-quorum", f"ledger {truth.ledger_id}: entry {entry_id} acknowledged with OK from {n} "
-                      f"bookie(s), Qa is {truth.ack_quorum}")
-        if truth.closed_at is not None and entry_id > truth.closed_at:
-            self.fail("acked-after-close", f"ledger {truth.ledger_id}: entry {entry_id} acknowledged after the "
-                      f"ledger was closed at {truth.closed_at}")
-        truth.acked = max(truth.acked, entry_id)
+        for entry_id in range(max(first, truth.prefix + 1), last + 1):
+            n = len(truth.ok.get(entry_id, ()))
+            if n < truth.ack_quorum:
+                self.fail("ack-quorum", f"ledger {truth.ledger_id}: entry {entry_id} acknowledged with OK from {n} "
+                          f"bookie(s), Qa is {truth.ack_quorum}")
+                break
+        if truth.closed_at is not None and last > truth.closed_at:
+            self.fail("acked-after-close", f"ledger {truth.ledger_id}: entry {max(first, truth.closed_at + 1)} "
+                      f"acknowledged after the ledger was closed at {truth.closed_at}")
+        truth.acked = max(truth.acked, last)
 
     def closed(self, truth: LedgerTruth, last: int, by: str) -> None:
         self.checks += 1

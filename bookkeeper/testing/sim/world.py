@@ -554,8 +554,7 @@ class World:
             if f.exception() is not None:
                 failure.append(type(f.exception()).__name__)
                 return
-            for eid in range(first, last + 1):
-                self.oracle.acked(truth, eid)
+            self.oracle.acked(truth, first, last)
             self.counts["acked"] += last - first + 1
             self.trace(f"L{truth.ledger_id} acked {first}..{last}")
 
