@@ -15,6 +15,7 @@ import pytest
 from bookkeeper._ext.client import (DIGEST_CRC32C, DIGEST_DUMMY, DIGEST_MAC, AckSink, AddTracker, RequestPipe,
                                     check_entry, encode_entry)
 from bookkeeper.proto import FrameError, Flag, Op, Status, encode_responses, parse_requests
+from bookkeeper.client.core.writer import WriterCore
 
 MAC_KEY = hashlib.sha1(b"mac" + b"secret").digest()
 KEY = bytes(range(1, 21))
@@ -527,15 +528,12 @@ def test_ack_sink_called_with_an_ok_response_acknowledges_it_too(loop) -> None:
     assert progress == [0] and fut.result() == 0 and other == []
 
 
-def _handle_with_segments(segments: dict[int, list[str]]) -> object:
-    """A write handle reduced to what the late-failure rule reads: its metadata and state."""
-    from bookkeeper.client.ledger import WriteHandle
-    from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState
-    h = object.__new__(WriteHandle)
-    h.metadata = LedgerMetadata(ledger_id=1, ensemble_size=3, write_quorum=3, ack_quorum=2,
-                                digest=DigestType.CRC32C, password_digest="", ensembles=segments)
-    h._error, h._closing, h._writable_state = None, False, LedgerState.OPEN
-    return h
+def _core_with_segments(segments: dict[int, list[str]]) -> WriterCore:
+    """A writer's core over a ledger with these segments (the late-failure rule reads only them)."""
+    from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata
+    md = LedgerMetadata(ledger_id=1, ensemble_size=3, write_quorum=3, ack_quorum=2,
+                        digest=DigestType.CRC32C, password_digest="", ensembles=segments)
+    return WriterCore(md, AddTracker(ensemble_size=3, write_quorum=3, ack_quorum=2))
 
 
 def test_a_late_failure_replaces_a_bookie_every_segment_since_kept() -> None:
@@ -543,12 +541,12 @@ def test_a_late_failure_replaces_a_bookie_every_segment_since_kept() -> None:
     still go to it, even when the entry is from a segment before an ensemble change that
     replaced another bookie (the simulator's seed 9 at 18ac14b: it was kept another add timeout);
     not when it was replaced since and taken back later (the failure is of its old stay)."""
-    kept = _handle_with_segments({0: ["a", "b", "c"], 100: ["a", "d", "c"]})
-    assert kept._still_writing_to(50, "c")  # failed entry 50, in segment 0; still in the last one
-    assert kept._still_writing_to(150, "c")
-    assert not kept._still_writing_to(50, "b")  # replaced at 100
-    back = _handle_with_segments({0: ["a", "b", "c"], 100: ["a", "d", "c"], 200: ["a", "b", "c"]})
-    assert not back._still_writing_to(50, "b")  # replaced at 100, taken back at 200
-    assert back._still_writing_to(250, "b")
-    back._closing = True
-    assert not back._still_writing_to(250, "b")
+    kept = _core_with_segments({0: ["a", "b", "c"], 100: ["a", "d", "c"]})
+    assert kept.still_writing_to(50, "c")  # failed entry 50, in segment 0; still in the last one
+    assert kept.still_writing_to(150, "c")
+    assert not kept.still_writing_to(50, "b")  # replaced at 100
+    back = _core_with_segments({0: ["a", "b", "c"], 100: ["a", "d", "c"], 200: ["a", "b", "c"]})
+    assert not back.still_writing_to(50, "b")  # replaced at 100, taken back at 200
+    assert back.still_writing_to(250, "b")
+    back.closing = True
+    assert not back.still_writing_to(250, "b")

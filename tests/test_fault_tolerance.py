@@ -450,7 +450,7 @@ def test_recovery_after_an_interrupted_recovery_reads_the_writers_segment(cluste
             others = [b.bookie_id for b in cluster.bookies if b.bookie_id not in md.ensembles[0]]
             # What an interrupted first recovery leaves: IN_RECOVERY, the writer's segments noted,
             # and its own segment 0 (on a bookie that has none of the entries) in their place.
-            await w._write_metadata(md.replace(state=LedgerState.IN_RECOVERY, writer_ensembles=dict(md.ensembles),
+            await w.write_metadata(md.replace(state=LedgerState.IN_RECOVERY, writer_ensembles=dict(md.ensembles),
                                                ensembles={0: [others[1]]}))
             async with await BookKeeper.connect(cluster.metadata_uri) as r:
                 rh = await r.open_ledger(lh.ledger_id, password=b"i")
@@ -477,26 +477,26 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
             orig = list(lh.metadata.ensembles[0])
             victim = next(b for b in cluster.bookies if b.bookie_id == orig[0])
             victim.kill()
-            real = ledger_mod._recovery_read
+            real = ledger_mod.ReadHandle.recovery_read
 
-            async def crashing(bk, handle, entry_id):
+            async def crashing(handle, entry_id):
                 if entry_id == 50:
                     for _ in range(200):  # until recovery 1's ensemble change is in the metadata
-                        md = await bk._read_metadata(lh.ledger_id)
+                        md = await w.ledger_metadata(lh.ledger_id)
                         if md.ensembles.get(0) != orig:
                             break
                         await asyncio.sleep(0.05)
                     else:
                         raise AssertionError("recovery 1 never changed the writer's segment: nothing tested")
                     raise Crash("recovery 1 dies here")
-                return await real(bk, handle, entry_id)
+                return await real(handle, entry_id)
 
-            monkeypatch.setattr(ledger_mod, "_recovery_read", crashing)
+            monkeypatch.setattr(ledger_mod.ReadHandle, "recovery_read", crashing)
             async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2,
                                                 placement="random") as r1:
                 with pytest.raises(Crash):
                     await r1.open_ledger(lh.ledger_id, password=b"p")
-            monkeypatch.setattr(ledger_mod, "_recovery_read", real)
+            monkeypatch.setattr(ledger_mod.ReadHandle, "recovery_read", real)
             async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2,
                                                 placement="random") as r2:
                 rh = await asyncio.wait_for(r2.open_ledger(lh.ledger_id, password=b"p"), 60)
@@ -544,7 +544,7 @@ def test_zookeeper_trouble_during_an_ensemble_change_is_retried_not_a_stall(clus
 
     async def main() -> None:
         async with await BookKeeper.connect(cluster.metadata_uri, placement="random", add_timeout_s=2) as w:
-            real = w._write_metadata
+            real = w.write_metadata
             for failure, expect_ok in ((MetadataServiceError("ConnectionLoss"), True), (RuntimeError("bug"), False)):
                 _heal(cluster)
                 await w.refresh_bookies()
@@ -560,7 +560,7 @@ def test_zookeeper_trouble_during_an_ensemble_change_is_retried_not_a_stall(clus
                     if len(calls) == 1:
                         raise failure
                     return await real(md)
-                w._write_metadata = flaky
+                w.write_metadata = flaky
                 fut = lh.add_entry_async(b"b")
                 if expect_ok:
                     assert await asyncio.wait_for(fut, 30) == 10
@@ -570,7 +570,7 @@ def test_zookeeper_trouble_during_an_ensemble_change_is_retried_not_a_stall(clus
                         await asyncio.wait_for(fut, 30)
                     await asyncio.wait_for(lh.close(), 30)  # closes at the LAC, no stall
                     assert lh.metadata.last_entry_id == 9
-                w._write_metadata = real
+                w.write_metadata = real
     try:
         run(main())
     finally:

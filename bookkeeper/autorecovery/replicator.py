@@ -15,7 +15,7 @@ or fence and close the ledger, or stop (done, or waiting for an open ledger's wr
    copied (same first entry, same bookies, same last entry); a lost race re-reads and checks
    again, a changed segment is planned again (the copy may be redone: never lost).
 
-Uses the client's internals on purpose (`_read_metadata`, `_write_metadata`, `pool`,
+Uses the client's handle context on purpose (`ledger_metadata`, `write_metadata`, `pool`,
 `quarantine`, `replacement_ensemble`): a replication is a metadata writer and a bookie
 client of its own kind, like recovery, and the client package is not ours to change here.
 """
@@ -111,7 +111,7 @@ class LedgerReplicator:
         fragments = entries = steps = target_failures = 0
         for _ in range(MAX_ROUNDS):
             try:
-                md = await self.bk._read_metadata(ledger_id)
+                md = await self.bk.ledger_metadata(ledger_id)
             except NoSuchLedgerError:
                 return LedgerResult(ledger_id, Outcome.GONE, fragments, entries, time.monotonic() - t0)
             plan = plan_ledger(md, bookies, grace_over=grace_over())
@@ -152,7 +152,7 @@ class LedgerReplicator:
         """A closed ledger keeps the fenced writer's segments only as history: drop them once
         they are all that still names a replaced bookie (no reader of a closed ledger uses them)."""
         try:
-            await self.bk._write_metadata(md.replace(writer_ensembles=None))
+            await self.bk.write_metadata(md.replace(writer_ensembles=None))
         except MetadataVersionError:
             pass  # planned again from a fresh read
 
@@ -228,7 +228,7 @@ class LedgerReplicator:
         also lose writer_ensembles (history that would otherwise still name the bookie)."""
         while True:
             try:
-                md = await self.bk._read_metadata(ledger_id)
+                md = await self.bk.ledger_metadata(ledger_id)
             except NoSuchLedgerError:
                 return False
             if md.state is LedgerState.IN_RECOVERY or md.ensembles.get(frag.first_entry_id) != list(frag.ensemble) \
@@ -240,7 +240,7 @@ class LedgerReplicator:
             if md.is_closed:
                 changes["writer_ensembles"] = None
             try:
-                await self.bk._write_metadata(md.replace(**changes))
+                await self.bk.write_metadata(md.replace(**changes))
                 return True
             except MetadataVersionError:
                 continue

@@ -158,7 +158,7 @@ class BookKeeper:
         if self._bookies_dirty:
             await self.refresh_bookies()
 
-    async def _bookies_for(self, ensembles: Iterable[list[str]]) -> None:
+    async def bookies_for(self, ensembles: Iterable[list[str]]) -> None:
         """Before a read: the registrations again only if the watch marked them stale and one of
         the ledger's bookies is missing from the view (it restarted while the view was read, so
         its reads would fail "not registered"). Reads need no ZooKeeper otherwise, and do not
@@ -238,12 +238,22 @@ class BookKeeper:
     def master_key(password: bytes) -> bytes:
         return master_key(password)
 
-    # -- metadata helpers (used by handles) ------------------------------------
-    async def _read_metadata(self, ledger_id: int) -> LedgerMetadata:
+    # -- metadata (the ledger handles' context: bookkeeper/client/context.py) ----------
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        """The ledger's metadata as ZooKeeper has it now."""
         return await self.metadata_call(self.store.read_ledger, ledger_id)
 
-    async def _write_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
+    async def write_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
+        """Compare-and-set md over the version it was read at (MetadataVersionError if another
+        writer changed it since): the new version. For handles, recovery and auto-recovery;
+        an application changes metadata only through them."""
         return await self.metadata_call(self.store.write_ledger, md)
+
+    async def watch_metadata(self, ledger_id: int, fired: Callable[[Any], None]) -> int | None:
+        """A one-shot watch on the ledger's metadata (fired runs on kazoo's thread): its
+        version now, None if it is gone."""
+        version: int | None = await self.metadata_call(self.store.watch_ledger, ledger_id, fired)
+        return version
 
     # -- ledgers -------------------------------------------------------------
     async def create_ledger(self, *, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
@@ -282,7 +292,7 @@ class BookKeeper:
         verify_password=False is for admin reads (`bk ledger read`) of CRC32C/DUMMY ledgers:
         reads need no master key and those digests no password. It cannot fence.
         """
-        md = await self._read_metadata(ledger_id)
+        md = await self.ledger_metadata(ledger_id)
         if not verify_password:
             if recovery or md.digest is DigestType.MAC:
                 raise UnauthorizedError(f"ledger {ledger_id}: the password is needed to "
@@ -307,7 +317,7 @@ class BookKeeper:
         Only its creator, or a principal with the `admin` role, may: the bookies say who this
         client is (WHOAMI), the metadata who created the ledger. AuthorizationError otherwise.
         Ledgers created before creators were recorded carry none and are not checked."""
-        md = await self._read_metadata(ledger_id)
+        md = await self.ledger_metadata(ledger_id)
         if md.creator:
             principal, roles = await self.whoami(md.ensembles[min(md.ensembles)], fresh=True)
             if principal != md.creator and "admin" not in roles:
@@ -342,6 +352,3 @@ class BookKeeper:
         ids = await self.metadata_call(lambda: list(self.store.list_ledgers()))
         for lid in ids:
             yield lid
-
-    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return await self._read_metadata(ledger_id)

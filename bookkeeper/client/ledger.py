@@ -21,8 +21,19 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.client.core import AckSink, AddTracker, entry_missing, fence_covered, write_set
+from bookkeeper.client.context import LedgerContext
+from bookkeeper.client.core import AckSink, AddTracker, write_set
+from bookkeeper.client.core import recovery as recovery_core
+from bookkeeper.client.core.recovery import EntryVote, FenceVote
 from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer, unheld_pause_s
+from bookkeeper.client.core.writer import (
+    CHANGE_BACKOFF_FIRST_S,
+    CloseStep,
+    LacStep,
+    Verdict,
+    WriterCore,
+    lac_step,
+)
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.clock import system_monotonic
 from bookkeeper.errors import (
@@ -37,7 +48,6 @@ from bookkeeper.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
-    RecoveryError,
     TooLargeError,
     TooManyOutstandingAddsError,
 )
@@ -46,7 +56,6 @@ from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
     from bookkeeper.client.bookie_client import ShardConnection
-    from bookkeeper.client.client import BookKeeper
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +93,7 @@ class _EntryRead:
         self.next = 0
         self.outstanding = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.started = handle._bk.clock()
+        self.started = handle._ctx.clock()
         self.send_next()
 
     def send_next(self) -> bool:
@@ -94,8 +103,8 @@ class _EntryRead:
         bookie = self.replicas[self.next]
         self.next += 1
         self.outstanding += 1
-        cfg = h._bk.config
-        h._bk.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
+        cfg = h._ctx.config
+        h._ctx.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
                         self.on_response, bookie, cfg.read_timeout_s, borrow=True)
         if cfg.speculative_read_timeout_ms and self.next < len(self.replicas):
             self.timer = h._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, self.speculate)
@@ -104,7 +113,7 @@ class _EntryRead:
     def speculate(self) -> None:
         self.timer = None
         if not self.fut.done():
-            self.h._bk.stats["speculative_reads"] += 1
+            self.h._ctx.stats["speculative_reads"] += 1
             self.send_next()
 
     def on_response(self, bookie: str, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
@@ -112,7 +121,7 @@ class _EntryRead:
         h = self.h
         if self.fut.done():
             if err is not None and not isinstance(err, _DENIALS):
-                h._bk.health.penalize(bookie)  # a late failure still marks the bookie slow
+                h._ctx.health.penalize(bookie)  # a late failure still marks the bookie slow
             return
         if err is None:
             assert resp is not None
@@ -123,17 +132,17 @@ class _EntryRead:
             else:
                 if self.timer is not None:
                     self.timer.cancel()
-                h._bk.read_latency.observe(h._bk.clock() - self.started)
+                h._ctx.read_latency.observe(h._ctx.clock() - self.started)
                 self.fut.set_result(result)
                 return
         if not isinstance(err, _DENIALS):
-            h._bk.health.penalize(bookie)
+            h._ctx.health.penalize(bookie)
         self.errors.append(err)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if not self.send_next() and self.outstanding == 0:
-            h._bk.stats["read_errors"] += 1
+            h._ctx.stats["read_errors"] += 1
             if all(isinstance(e, _DENIALS) for e in self.errors):
                 self.fut.set_exception(NoSuchEntryError(f"entry {h.ledger_id}:{self.entry_id} not found on its "
                                                         f"write set"))
@@ -168,17 +177,17 @@ class _HeadWait:
         self.timer: asyncio.TimerHandle | None = None
         self.fut: asyncio.Future[_HeadResult] = handle._loop.create_future()
         self.ask([first])
-        delay_ms = handle._bk.config.speculative_read_timeout_ms
+        delay_ms = handle._ctx.config.speculative_read_timeout_ms
         if rest and delay_ms:
             self.timer = handle._loop.call_later(delay_ms / 1000.0, self.widen)
 
     def ask(self, bookies: list[str]) -> None:
         h = self.h
-        cfg = h._bk.config
+        cfg = h._ctx.config
         wait_ms = cfg.long_poll_timeout_ms
         self.asked += len(bookies)
         for bookie in bookies:
-            h._bk.pool.send(bookie, Op.READ_ENTRY, Flag.LONG_POLL, h.ledger_id, self.entry_id, h._key, wait_ms,
+            h._ctx.pool.send(bookie, Op.READ_ENTRY, Flag.LONG_POLL, h.ledger_id, self.entry_id, h._key, wait_ms,
                             b"", self.on_response, bookie, wait_ms / 1000.0 + cfg.read_timeout_s, borrow=True)
 
     def widen(self) -> None:
@@ -204,7 +213,7 @@ class _HeadWait:
                                    unheld=isinstance(err, NoSuchLedgerError))
         if answer is PollAnswer.FAILED:
             self.error = err
-            self.h._bk.health.penalize(bookie)
+            self.h._ctx.health.penalize(bookie)
             self.widen()  # before judging: the wait is not over while the rest may answer
         self.lac = max(self.lac, lac)
         self.answers.append(answer)
@@ -253,7 +262,7 @@ class _TailHead:
         self.armed = True  # before the call: a fire during it clears this again
         h = self.h
         try:
-            version = await h._bk.metadata_call(h._bk.store.watch_ledger, h.ledger_id, self._fired)
+            version = await h._ctx.watch_metadata(h.ledger_id, self._fired)
         except BaseException:
             self.armed = False  # no watch was set: the next round tries again
             raise
@@ -299,13 +308,13 @@ class _TailHead:
 class ReadHandle:
     """Reads a ledger (closed, or open and read up to its LAC)."""
 
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, lac: int) -> None:
-        self._bk = bk
+    def __init__(self, ctx: LedgerContext, metadata: LedgerMetadata, password: bytes, lac: int) -> None:
+        self._ctx = ctx
         self._loop = asyncio.get_running_loop()
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self._digest = DigestManager(metadata.ledger_id, metadata.digest, password)
-        self._key = bk.master_key(password)
+        self._key = ctx.master_key(password)
         self._lac = lac
         self._length = metadata.length
 
@@ -326,14 +335,51 @@ class ReadHandle:
         """The bookies of entry_id's write set, penalized ones last."""
         md = self.metadata
         ensemble = md.ensemble_for(entry_id)
-        return self._bk.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)])
+        return self._ctx.health.order([ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)])
 
     def _read_entry(self, entry_id: int, *, flags: int = 0) -> asyncio.Future[ReadResult]:
         """One entry from its write set: penalized replicas last, speculative retries."""
         return _EntryRead(self, entry_id, flags, self._replicas(entry_id)).fut
 
-    async def _read_one(self, entry_id: int) -> ReadResult:
-        return await self._read_entry(entry_id)
+    # -- recovery reads (on the fenced writer's view: core/recovery.py decides) ----------
+    async def fence(self) -> tuple[int, int]:
+        """Fence the last ensemble (READ_LAC with FENCE) until no write set has Qa unfenced
+        bookies: where recovery starts, the highest LAC the fenced bookies know (which this
+        handle then knows too) and the ledger's length after it (RecoveryError if too few
+        fences land). A hung bookie is not waited for once the answers in hand settle it."""
+        vote = FenceVote(self.metadata)
+        timeout = self._ctx.config.read_timeout_s
+        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_LAC, vote.flags, self.ledger_id, -1, self._key,
+                                                          timeout_s=timeout)) for b in vote.bookies]
+
+        def answered(idx: int, f: asyncio.Future[Any]) -> bool:
+            err = f.exception()
+            return vote.answer(idx, None if err is not None else f.result()[5], err)
+        await _until_decided(futs, answered)
+        lac = vote.outcome()
+        self._lac = max(self._lac, lac)
+        return lac, (await self._read_entry(lac))[2] if lac >= 0 else 0
+
+    async def recovery_read(self, entry_id: int) -> bytes | None:
+        """entry_id read from its write set with FENCE: its data if a replica has a valid copy,
+        None if enough replicas deny it that it was never acknowledged (RecoveryError if the
+        answers settle neither)."""
+        vote = EntryVote(self.metadata, entry_id)
+        timeout = self._ctx.config.read_timeout_s
+        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_ENTRY, vote.flags, self.ledger_id, entry_id,
+                                                          self._key, timeout_s=timeout)) for b in vote.bookies]
+
+        def answered(_idx: int, f: asyncio.Future[Any]) -> bool:
+            err = f.exception()
+            if err is not None:
+                return vote.answer(None, err)
+            try:
+                data = self._digest.verify(f.result()[6], entry_id)[0]
+            except DigestMismatchError as e:
+                return vote.answer(None, e)
+            return vote.answer(data)
+        await _until_decided(futs, answered)
+        return vote.outcome()
 
     async def read(self, first: int, last: int) -> list[LedgerEntry]:
         """Entries first..last inclusive (pipelined, read_window in flight).
@@ -346,8 +392,8 @@ class ReadHandle:
         if last > lac:
             raise NoSuchEntryError(f"entry {last} is past the last add confirmed ({lac}) of ledger "
                                    f"{self.ledger_id}")
-        await self._bk._bookies_for(self.metadata.ensembles.values())
-        window = self._bk.config.read_window
+        await self._ctx.bookies_for(self.metadata.ensembles.values())
+        window = self._ctx.config.read_window
         out: list[LedgerEntry] = []
         for start in range(first, last + 1, window):
             stop = min(last, start + window - 1)
@@ -367,9 +413,9 @@ class ReadHandle:
         if self.metadata.is_closed:
             return self._lac
         ensemble = self.metadata.last_ensemble
-        timeout = self._bk.config.read_timeout_s
+        timeout = self._ctx.config.read_timeout_s
         results = await asyncio.gather(
-            *(self._bk.pool.call(b, Op.READ_LAC, 0, self.ledger_id, -1, self._key, timeout_s=timeout)
+            *(self._ctx.pool.call(b, Op.READ_LAC, 0, self.ledger_id, -1, self._key, timeout_s=timeout)
               for b in ensemble), return_exceptions=True)
         lacs = [r[5] for r in results if isinstance(r, tuple)]
         if not lacs:
@@ -398,7 +444,7 @@ class ReadHandle:
                 await asyncio.sleep(pause_s)  # a failure above: back off, never spin
             try:
                 if nxt <= self.last_add_confirmed:
-                    last = min(self.last_add_confirmed, nxt + self._bk.config.read_window - 1)
+                    last = min(self.last_add_confirmed, nxt + self._ctx.config.read_window - 1)
                     entries = await self.read(nxt, last)
                     pause_s = 0.0
                     for entry in entries:
@@ -459,7 +505,7 @@ class ReadHandle:
 
     async def _refresh(self) -> None:
         """Re-read the metadata (closed? new segments?) and, while open, the LAC."""
-        md = await self._bk._read_metadata(self.ledger_id)
+        md = await self._ctx.ledger_metadata(self.ledger_id)
         self.metadata = md
         if md.is_closed:
             self._lac = md.last_entry_id
@@ -472,41 +518,52 @@ class ReadHandle:
 
 
 class WriteHandle(ReadHandle):
-    """The single writer of a ledger: pipelined, in-order, quorum-acknowledged adds."""
+    """The single writer of a ledger: pipelined, in-order, quorum-acknowledged adds.
 
-    def __init__(self, bk: BookKeeper, metadata: LedgerMetadata, password: bytes, *,
+    The decisions (what a failed add means, each ensemble change step, a close after a
+    conflict, the explicit LAC) are WriterCore's (bookkeeper/client/core/writer.py); this
+    shell sends frames, keeps futures and timers, and calls ZooKeeper."""
+
+    def __init__(self, ctx: LedgerContext, metadata: LedgerMetadata, password: bytes, *,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
         """recovery=True: the handle a recovery rewrites with (RECOVERY_ADD, metadata IN_RECOVERY),
         continuing after entry `lac` of a ledger of `length` bytes."""
-        super().__init__(bk, metadata, password, lac)
+        # The tracker and the core first: ReadHandle.__init__ sets self.metadata, the core's.
         # A recovery's rewrites are not recorded: they are the fenced writer's entries again.
         self._tracker = AddTracker(ensemble_size=metadata.ensemble_size, write_quorum=metadata.write_quorum,
                                    ack_quorum=metadata.ack_quorum, lac=lac, length=length,
-                                   latency=None if recovery else bk.add_latency,
-                                   clock=None if bk.clock is system_monotonic else bk.clock)
+                                   latency=None if recovery else ctx.add_latency,
+                                   clock=None if ctx.clock is system_monotonic else ctx.clock)
+        self._core = WriterCore(metadata, self._tracker, recovery=recovery)
+        super().__init__(ctx, metadata, password, lac)
         self._recovery = recovery
         self._lac_floor = lac
         self._add_flags = Flag.RECOVERY_ADD if recovery else 0
-        self._writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
         self._next = lac + 1
         self._sent_length = length  # ledger length after the last entry sent: each entry's length field
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
-        self._error: BKError | None = None
-        self._closing = False
-        self._failed_bookies: set[str] = set()
         self._changing: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
         self._segment_md: LedgerMetadata | None = None  # what _segment was built from
         self._segment_epoch = -1
         self._segment: tuple[int, list[str], list[ShardConnection | None], list[Any] | None] = (0, [], [], None)
         # One callback for every add sent: the pipes count its OK responses in C (AckSink).
-        self._add_callback = AckSink(self._tracker, self._failed_bookies, self._on_add_response, self._on_acks)
+        self._add_callback = AckSink(self._tracker, self._core.failed, self._on_add_response, self._on_acks)
         # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
         # sent so far (a timer that sees them move knows the writer was not idle), and the timer.
         self._lac_told = lac
         self._adds_sent = 0
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_timer_adds = 0
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this writer last wrote or read it (the core's)."""
+        return self._core.metadata
+
+    @metadata.setter
+    def metadata(self, md: LedgerMetadata) -> None:
+        self._core.metadata = md
 
     @property
     def last_add_confirmed(self) -> int:
@@ -569,10 +626,10 @@ class WriteHandle(ReadHandle):
     async def add_entries(self, datas: Sequence[bytes]) -> list[int]:
         """add_entries_async, waiting for room first (a batch larger than max_outstanding_adds
         is refused: split it)."""
-        if len(datas) > self._bk.config.max_outstanding_adds:
+        if len(datas) > self._ctx.config.max_outstanding_adds:
             raise TooManyOutstandingAddsError(f"a batch of {len(datas)} entries exceeds max_outstanding_adds "
-                                              f"({self._bk.config.max_outstanding_adds})")
-        await self._wait_for_room(len(datas))
+                                              f"({self._ctx.config.max_outstanding_adds})")
+        await self.wait_for_room(len(datas))
         return await self.add_entries_async(datas)
 
     def add_entry_callback(self, data: bytes, callback: Callable[[int, BKError | None], None]) -> None:
@@ -583,19 +640,20 @@ class WriteHandle(ReadHandle):
         self._send_entries([self._checked(data)], _AddCallback(callback, self._next))
 
     def _check_room(self, n: int) -> None:
-        if self._closing or self.metadata.state is not self._writable_state:
+        core = self._core
+        if core.closing or core.metadata.state is not core.writable_state:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
-        if self._error is not None:
-            raise type(self._error)(str(self._error))
-        if self._tracker.outstanding + n > self._bk.config.max_outstanding_adds:
+        if core.error is not None:
+            raise type(core.error)(str(core.error))
+        if self._tracker.outstanding + n > self._ctx.config.max_outstanding_adds:
             raise TooManyOutstandingAddsError(f"ledger {self.ledger_id}: {self._tracker.outstanding} adds "
                                               f"outstanding, {n} more would pass max_outstanding_adds")
 
     def _checked(self, data: bytes) -> bytes:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"entry data must be bytes, not {type(data).__name__}")
-        if len(data) + self._frame_overhead > self._bk.pool.max_frame_bytes:
-            raise TooLargeError(f"entry of {len(data)} bytes does not fit the {self._bk.pool.max_frame_bytes}-byte "
+        if len(data) + self._frame_overhead > self._ctx.pool.max_frame_bytes:
+            raise TooLargeError(f"entry of {len(data)} bytes does not fit the {self._ctx.pool.max_frame_bytes}-byte "
                                 f"frame limit")
         return bytes(data)
 
@@ -616,7 +674,7 @@ class WriteHandle(ReadHandle):
         self._lac_told = piggyback
         self._sent_length, unconnected = self._tracker.send_entries(
             items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key, self.ledger_id,
-            self._key, self._add_flags, ensemble, pipes, self._add_callback, self._bk.config.add_timeout_s, last)
+            self._key, self._add_flags, ensemble, pipes, self._add_callback, self._ctx.config.add_timeout_s, last)
         for idx in unconnected:
             conns[idx].ensure_connecting()
 
@@ -638,7 +696,7 @@ class WriteHandle(ReadHandle):
             for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
                 self._send_add(entry_id, idx, ensemble[idx], payload)
             return
-        timeout_s = self._bk.config.add_timeout_s
+        timeout_s = self._ctx.config.add_timeout_s
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
             conn = conns[idx]
             if conn is None:
@@ -655,14 +713,14 @@ class WriteHandle(ReadHandle):
         A writer's new entries belong to the last segment (a new one starts at LAC + 1); a
         recovery handle's rewrites may fall below it, into the fenced writer's segments.
         """
-        md, epoch = self.metadata, self._bk.pool.routes_epoch
+        md, epoch = self.metadata, self._ctx.pool.routes_epoch
         if md is not self._segment_md or epoch != self._segment_epoch:
             first = max(md.ensembles)
             ensemble = md.ensembles[first]
             conns: list[ShardConnection | None] = []
             for bookie in ensemble:
                 try:
-                    conns.append(self._bk.pool.connection(bookie, self.ledger_id))
+                    conns.append(self._ctx.pool.connection(bookie, self.ledger_id))
                 except BKError:
                     conns.append(None)
             pipes = None if None in conns else [c.pipe for c in conns]  # type: ignore[union-attr]
@@ -671,72 +729,42 @@ class WriteHandle(ReadHandle):
 
     async def add_entry(self, data: bytes) -> int:
         """Add one entry and wait for its acknowledgement; waits for room at the outstanding bound."""
-        await self._wait_for_room()
+        await self.wait_for_room()
         return await self.add_entry_async(data)
 
-    async def _wait_for_room(self, n: int = 1) -> None:
-        """Until n more adds fit under max_outstanding_adds (or the handle failed)."""
-        while self._tracker.outstanding + n > self._bk.config.max_outstanding_adds and self._error is None:
+    async def wait_for_room(self, n: int = 1) -> None:
+        """Until n more adds fit under max_outstanding_adds (or the handle failed): then
+        add_entry_async/add_entries_async of n entries will not be refused for room."""
+        while self._tracker.outstanding + n > self._ctx.config.max_outstanding_adds and self._core.error is None:
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
             await asyncio.shield(self._room)
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
         self._tracker.mark_sent(entry_id, idx, bookie)
-        self._bk.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
-                           self._add_callback, (entry_id, idx, bookie), self._bk.config.add_timeout_s)
+        self._ctx.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
+                           self._add_callback, (entry_id, idx, bookie), self._ctx.config.add_timeout_s)
 
     def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple[Any, ...] | None, err: BKError) -> None:
         """A failed add (an error status, a timeout, a lost connection): its AckSink acknowledges
         OK responses itself."""
         entry_id, idx, bookie = ctx
-        if not self._tracker.is_current(entry_id, idx, bookie):
-            if err.retriable and self._still_writing_to(entry_id, bookie):
-                self._replace_bookie(bookie, entry_id, err)
-            return  # already settled, or from a bookie replaced since (resent elsewhere)
-        if isinstance(err, LedgerFencedError):
-            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced: a recovery open took it over"))
-        elif err.retriable:
-            self._tracker.fail(entry_id, idx)
-            self._replace_bookie(bookie, entry_id, err)
-        else:
-            self._fail(type(err)(f"add of entry {entry_id} to ledger {self.ledger_id} failed: {err}"))
+        core = self._core
+        new = bookie not in core.failed
+        verdict, error = core.on_failure(entry_id, idx, bookie, err)
+        if verdict is Verdict.REPLACE:
+            self._replace_bookie(bookie, entry_id, err, new)
+        elif verdict is Verdict.FAIL:
+            assert error is not None
+            self._fail(error)
 
-    @property
-    def _writing(self) -> bool:
-        """The handle still sends adds: not failed, not closing, its ledger in the state it
-        writes in (OPEN, or IN_RECOVERY for a recovery's rewrites)."""
-        return self._error is None and not self._closing and self.metadata.state is self._writable_state
-
-    def _still_writing_to(self, entry_id: int, bookie: str) -> bool:
-        """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
-        replace it: the bookie has been in every segment from the failed entry's to the last,
-        so new entries still go to it. An ensemble change that replaced another bookie keeps
-        it (the simulator, seed 9 at 18ac14b: a failure of an entry of the segment before such
-        a change was ignored, and a hung bookie stayed for another whole add timeout); a
-        segment without it in between means it was replaced and taken back later, and the
-        failure is of the old stay.
-
-        Why: Apache BookKeeper replaces a bookie at its first failed write, acknowledged or not.
-        Ignoring it leaves a dead or hung bookie in the ensemble, every later entry with Qw - 1
-        copies, and its replacement for the day a second bookie fails too, when one spare is
-        no longer enough for both.
-        """
-        if not self._writing:
-            return False
-        segments = self.metadata.ensembles
-        firsts = sorted(segments)
-        since = max((f for f in firsts if f <= entry_id), default=firsts[0])
-        return all(bookie in segments[f] for f in firsts if f >= since)
-
-    def _replace_bookie(self, bookie: str, entry_id: int, err: BKError) -> None:
+    def _replace_bookie(self, bookie: str, entry_id: int, err: BKError, new: bool) -> None:
         """Count bookie failed (health, quarantine) and start an ensemble change unless one runs."""
-        self._bk.health.penalize(bookie)
-        self._bk.quarantine.penalize(bookie)
-        if bookie not in self._failed_bookies:
+        self._ctx.health.penalize(bookie)
+        self._ctx.quarantine.penalize(bookie)
+        if new:
             log.info("ledger %d: bookie %s failed on entry %d (%s): replacing it", self.ledger_id, bookie,
                      entry_id, err)
-        self._failed_bookies.add(bookie)
         if self._changing is None or self._changing.done():
             self._changing = self._loop.create_task(self._change_ensemble())
             self._changing.add_done_callback(self._change_done)
@@ -745,98 +773,69 @@ class WriteHandle(ReadHandle):
         """Entries became acknowledged (their futures are resolved already, in C)."""
         if self._room is not None and not self._room.done():
             self._room.set_result(None)  # a waiter for room, or close() for the last ack
-        if self._lac_timer is None and not self._recovery and self._bk.config.explicit_lac_interval_ms:
+        if self._lac_timer is None and not self._recovery and self._ctx.config.explicit_lac_interval_ms:
             self._arm_lac_timer()
 
     # -- explicit LAC ------------------------------------------------------
     def _arm_lac_timer(self) -> None:
         self._lac_timer_adds = self._adds_sent
-        self._lac_timer = self._loop.call_later(self._bk.config.explicit_lac_interval_ms / 1000.0, self._lac_due)
+        self._lac_timer = self._loop.call_later(self._ctx.config.explicit_lac_interval_ms / 1000.0, self._lac_due)
 
     def _lac_due(self) -> None:
-        """explicit_lac_interval_ms after the LAC moved: if the writer sent no add since, tell the
-        write set of the last acknowledged entry the LAC (Apache's WRITE_LAC / explicitLacInterval).
-
-        Why: a bookie learns the LAC only from the next add, which piggybacks it; a writer that
-        pauses would leave its last entries invisible to tailers until it writes again or
-        closes. While adds flow the piggyback does the job and the timer only re-arms.
-        """
+        """explicit_lac_interval_ms after the LAC moved: tell the write set of the last
+        acknowledged entry the LAC if the writer is idle (writer.lac_step says why)."""
         self._lac_timer = None
-        if not self._writing:
-            return
         lac = self._tracker.lac
-        if lac <= self._lac_told:
-            return
-        if self._adds_sent != self._lac_timer_adds:
-            self._arm_lac_timer()  # not idle: the next add carries the LAC; look again later
+        step = lac_step(writing=self._core.writing, lac=lac, lac_told=self._lac_told, adds_sent=self._adds_sent,
+                        adds_at_arm=self._lac_timer_adds)
+        if step is LacStep.REARM:
+            self._arm_lac_timer()
+        if step is not LacStep.SEND:
             return
         self._lac_told = lac
         md = self.metadata
         ensemble = md.ensemble_for(lac)
         for idx in write_set(lac, md.ensemble_size, md.write_quorum):
-            self._bk.pool.send(ensemble[idx], Op.WRITE_LAC, 0, self.ledger_id, lac, self._key, 0, b"",
-                               _lac_answered, (self.ledger_id, ensemble[idx]), self._bk.config.add_timeout_s)
+            self._ctx.pool.send(ensemble[idx], Op.WRITE_LAC, 0, self.ledger_id, lac, self._key, 0, b"",
+                                _lac_answered, (self.ledger_id, ensemble[idx]), self._ctx.config.add_timeout_s)
 
     async def _change_ensemble(self) -> None:
-        """Move the unacknowledged entries off failed bookies (ensemble change).
-
-        The new segment starts at LAC + 1 and replaces, from there on, whatever segments
-        the metadata had: every entry from there is unacknowledged. Its ensemble is the one
-        of the segment holding LAC + 1 with failed bookies replaced. Then each outstanding
-        entry is resent to every slot whose bookie now differs from the one it was sent to,
-        so a change whose metadata write succeeded but whose reply was lost (and is retried)
-        still resends.
-        """
-        backoff_s = 0.05
-        while self._error is None:
-            md = self.metadata
-            start = self._tracker.lac + 1
-            base = md.ensemble_for(start)
-            if self._failed_bookies.isdisjoint(base) and not any(
-                    b in self._failed_bookies for e in self._tracker.pending_ids() for b in self._tracker.sent_to(e)):
-                # Replaced: neither new entries nor outstanding ones go to a failed bookie any
-                # more. Forget them here (the client's quarantine still keeps them out of new
-                # placements for a while), or a handle that lives through many restarts runs
-                # out of bookies.
-                self._failed_bookies.clear()
+        """Move the unacknowledged entries off failed bookies (ensemble change): the core names
+        each step (writer.WriterCore.next_change), this asks for replacements, writes the
+        metadata and resends what the core says."""
+        core = self._core
+        backoff_s = CHANGE_BACKOFF_FIRST_S
+        while core.error is None:
+            change = core.next_change()
+            if change is None:
                 return
-            slots = [i for i, b in enumerate(base) if b in self._failed_bookies]
             try:
-                new_ensemble = await self._bk.replacement_ensemble(md, base, slots, self._failed_bookies)
-                segments = {k: v for k, v in md.ensembles.items() if k < start}
-                segments[start] = new_ensemble
-                if segments != md.ensembles:
-                    self.metadata = await self._bk._write_metadata(md.replace(ensembles=segments))
-                    self._bk.stats["ensemble_changes"] += 1
-                    log.info("ledger %d: ensemble changed from entry %d: %s -> %s", self.ledger_id, start, base,
-                             new_ensemble)
+                ensemble = await self._ctx.replacement_ensemble(core.metadata, change.base, change.slots, core.failed)
+                proposal = core.proposal(change, ensemble)
+                written = None if proposal is None else await self._ctx.write_metadata(proposal)
             except MetadataVersionError:
-                fresh = await self._bk._read_metadata(self.ledger_id)
-                if fresh.state is not self._writable_state:
-                    self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced during an ensemble "
-                                                 f"change: a recovery open took it over"))
+                fenced = core.on_conflict(await self._ctx.ledger_metadata(self.ledger_id))
+                if fenced is not None:
+                    self._fail(fenced)
                     return
-                self.metadata = fresh
                 continue
             except NotEnoughBookiesError as e:
                 self._fail(NotEnoughBookiesError(f"ledger {self.ledger_id}: no replacement bookie: {e}"))
                 return
             except BKError as e:
-                if not e.retriable or backoff_s > 5.0:
-                    self._fail(type(e)(f"ledger {self.ledger_id}: ensemble change failed: {e}"))
+                error = core.change_failed(e, backoff_s)
+                if error is not None:
+                    self._fail(error)
                     return
                 await asyncio.sleep(backoff_s)  # ZooKeeper unreachable for a moment: try again
                 backoff_s *= 2
                 continue
-            for eid in self._tracker.pending_ids():
-                ensemble = self.metadata.ensemble_for(eid)
-                sent = self._tracker.sent_to(eid)
-                if not sent:
-                    continue  # acknowledged meanwhile
-                for idx in write_set(eid, md.ensemble_size, md.write_quorum):
-                    if sent[idx] != ensemble[idx]:
-                        self._tracker.reset(eid, idx)
-                        self._send_add(eid, idx, ensemble[idx], self._tracker.payload(eid))
+            if written is not None:
+                self._ctx.stats["ensemble_changes"] += 1
+                log.info("ledger %d: ensemble changed from entry %d: %s -> %s", self.ledger_id, change.start,
+                         change.base, ensemble)
+            for resend in core.changed(written):
+                self._send_add(resend.entry_id, resend.idx, resend.bookie, self._tracker.payload(resend.entry_id))
 
     def _change_done(self, task: asyncio.Task[None]) -> None:
         """Whatever escapes an ensemble change fails the handle: a writer never stalls silently."""
@@ -845,55 +844,56 @@ class WriteHandle(ReadHandle):
             self._fail(err if isinstance(err, BKError) else InternalError(f"ensemble change failed: {err!r}"))
 
     def _fail(self, err: BKError) -> None:
-        """The handle is broken: every outstanding and future add fails with err."""
-        if self._error is None:
-            self._error = err
+        """The handle is broken: every outstanding and future add fails with its first error."""
         if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
-        dropped = self._tracker.drop_all()
+        dropped = self._core.fail(err)
         if not self._recovery:
-            self._bk.stats["add_errors"] += len(dropped)
+            self._ctx.stats["add_errors"] += len(dropped)
         for _eid, fut in dropped:
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
         if self._room is not None and not self._room.done():
             self._room.set_result(None)
 
-    async def close(self) -> None:
-        """Wait for outstanding adds, then close the metadata at the LAC (compare-and-set)."""
-        if self.metadata.is_closed:
-            return
-        self._closing = True
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()  # the close itself tells tailers where the ledger ends
-            self._lac_timer = None
-        while self._tracker.outstanding and self._error is None:  # settled in order: the last ack ends it
+    async def drain(self) -> None:
+        """Wait until every add sent is acknowledged and no ensemble change runs; raises the
+        handle's error if it failed meanwhile (a recovery waits so for its rewrites)."""
+        while self._tracker.outstanding and self._core.error is None:  # settled in order: the last ack ends it
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
             await asyncio.shield(self._room)
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
-        lac, length = self._tracker.lac, self._tracker.length
-        md = self.metadata
+        if self._core.error is not None:
+            raise self._core.error
+
+    async def close(self) -> None:
+        """Wait for outstanding adds, then close the metadata at the LAC (compare-and-set)."""
+        if self.metadata.is_closed:
+            return
+        core = self._core
+        core.closing = True
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()  # the close itself tells tailers where the ledger ends
+            self._lac_timer = None
+        try:
+            await self.drain()
+        except BKError:
+            pass  # a failed handle still closes at the LAC it reached: those entries are acknowledged
+        proposal = core.close_proposal()
         while True:
             try:
-                self.metadata = await self._bk._write_metadata(
-                    md.replace(state=LedgerState.CLOSED, last_entry_id=lac, length=length))
+                core.metadata = await self._ctx.write_metadata(proposal)
                 break
             except MetadataVersionError:
-                md = await self._bk._read_metadata(self.ledger_id)
-                if md.is_closed:
-                    self.metadata = md
-                    if md.last_entry_id != lac:
-                        raise LedgerFencedError(
-                            f"ledger {self.ledger_id} was recovered by another client and closed at entry "
-                            f"{md.last_entry_id}, not {lac}") from None
+                fresh = await self._ctx.ledger_metadata(self.ledger_id)
+                if core.on_close_conflict(fresh) is CloseStep.DONE:
                     break
-                if md.state is LedgerState.IN_RECOVERY:
-                    raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
-        self._lac = lac
-        self._length = length
+                proposal = core.close_proposal(fresh)
+        self._lac = self._tracker.lac
+        self._length = self._tracker.length
 
 
 class _AddCallback:
@@ -932,133 +932,64 @@ def _lac_answered(ctx: tuple[int, str], resp: tuple[Any, ...] | None, err: BKErr
 
 
 # -- recovery -------------------------------------------------------------------
-async def _first_decisive(futs: Sequence[asyncio.Future[Any]],
-                          decided: Callable[[list[Any]], bool]) -> list[Any]:
-    """Wait until decided(results so far, by index) is true or every future is done.
+async def _until_decided(futs: Sequence[asyncio.Future[Any]],
+                         answered: Callable[[int, asyncio.Future[Any]], bool]) -> None:
+    """Feed each future, as it completes (by index within a wake-up, so the order is the
+    same every run), to answered(index, future) until it returns True or all are done.
 
-    Why: a hung bookie must not hold recovery back once the answers in hand settle it.
-    """
-    results: list[Any] = [None] * len(futs)
+    Why: a hung bookie must not hold recovery back once the answers in hand settle it."""
     index = {f: i for i, f in enumerate(futs)}
     waiting = set(futs)
     while waiting:
         done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        for f in done:
-            results[index[f]] = f.exception() or f.result()
-        if decided(results):
+        decided = False
+        for f in sorted(done, key=index.__getitem__):
+            decided = answered(index[f], f)
+        if decided:
             break
     for f in waiting:
         f.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return results
 
 
-async def recover(bk: BookKeeper, md: LedgerMetadata, password: bytes) -> LedgerMetadata:
-    """Fence an open ledger, recover its tail and close it (Reference: BookKeeper ledger recovery).
+async def recover(ctx: LedgerContext, md: LedgerMetadata, password: bytes) -> LedgerMetadata:
+    """Fence an open ledger, recover its tail and close it; the closed metadata.
 
-    1. metadata -> IN_RECOVERY (CAS); 2. fence on the last ensemble until every write
-    set has fewer than Qa unfenced bookies; 3. from the highest LAC seen, recovery-read
-    forward: an entry found is rewritten to its whole write set, an entry that Qw-Qa+1
-    bookies deny ends the ledger; 4. close the metadata (CAS) at the last entry found.
-    Concurrent recoveries converge: a CAS conflict re-reads, and a closed ledger is final.
-    Why safe: docs/architecture.md, "Recovery".
+    The steps and why they are safe: bookkeeper/client/core/recovery.py (which decides each
+    one) and docs/architecture.md, "Recovery". Concurrent recoveries converge: a conflict
+    re-reads the metadata, and a closed ledger is final.
     """
-    timeout = bk.config.read_timeout_s
     while md.state is not LedgerState.CLOSED:
-        if md.state is LedgerState.OPEN:
+        proposal = recovery_core.recovery_proposal(md)
+        if proposal is not None:
             try:
-                md = await bk._write_metadata(md.replace(state=LedgerState.IN_RECOVERY,
-                                                         writer_ensembles=dict(md.ensembles)))
+                md = await ctx.write_metadata(proposal)
             except MetadataVersionError:
-                md = await bk._read_metadata(md.ledger_id)
+                md = await ctx.ledger_metadata(md.ledger_id)
                 continue
-        # Read and fence where the fenced writer wrote: its segments as it left them, noted
-        # when recovery began. Segments a recovery rewrote since (an interrupted or concurrent
-        # one) must not be read as the writer's: a replacement bookie's "no such entry" is no
-        # evidence that the writer's entry was never acknowledged.
-        writer_view = md.replace(ensembles=dict(md.writer_ensembles or md.ensembles))
-        handle = ReadHandle(bk, writer_view, password, -1)
-        key, e, qw, qa = handle._key, md.ensemble_size, md.write_quorum, md.ack_quorum
-        ensemble = writer_view.last_ensemble
-        futs = [asyncio.ensure_future(bk.pool.call(b, Op.READ_LAC, Flag.FENCE, md.ledger_id, -1, key,
-                                                   timeout_s=timeout)) for b in ensemble]
-
-        def covered(results: list[Any]) -> bool:
-            ok = {i for i, r in enumerate(results) if isinstance(r, tuple)}
-            return fence_covered(ok, ensemble_size=e, write_quorum=qw, ack_quorum=qa)
-
-        results = await _first_decisive(futs, covered)
-        if not covered(results):
-            errs = [r for r in results if isinstance(r, BaseException)]
-            raise RecoveryError(f"recovery of ledger {md.ledger_id}: could not fence enough bookies: {errs[:3]}")
-        lac = max([r[5] for r in results if isinstance(r, tuple)] + [-1])
-        length = (await handle._read_one(lac))[2] if lac >= 0 else 0
-        # Rewrite what lies past the LAC through a recovery write handle: its adds carry
-        # RECOVERY_ADD (accepted on fenced bookies) and a dead bookie is replaced by an
-        # ensemble change, as for any writer; the metadata stays IN_RECOVERY meanwhile. It
-        # starts from the writer's segments, not from an interrupted recovery's replacements:
-        # the entries up to this LAC live there, and this recovery may have seen a higher LAC
-        # than the interrupted one did (another bookie answered, or an explicit LAC arrived
-        # before the fence), so a replacement segment may begin at or below it.
-        writer = WriteHandle(bk, writer_view, password, recovery=True, lac=lac, length=length)
-        rewrites: list[asyncio.Future[int]] = []
-        entry_id = lac + 1
+        view = recovery_core.writer_view(md)
+        reader = ReadHandle(ctx, view, password, -1)
+        lac, length = await reader.fence()
+        # The rewrites go through a recovery write handle: RECOVERY_ADD (accepted on fenced
+        # bookies), a dead bookie replaced by an ensemble change as for any writer, the
+        # metadata IN_RECOVERY meanwhile; it starts from the writer's view too.
+        writer = WriteHandle(ctx, view, password, recovery=True, lac=lac, length=length)
         try:
-            while True:
-                found = await _recovery_read(bk, handle, entry_id)  # where the old writer put it
-                if found is None:
-                    break
-                rewrites.append(await _paced(writer, found))
+            entry_id = lac + 1
+            while (found := await reader.recovery_read(entry_id)) is not None:
+                await writer.wait_for_room()
+                writer.add_entry_async(found).add_done_callback(_consumed)
                 entry_id += 1
-            if rewrites:
-                await asyncio.gather(*rewrites)
-            if writer._changing is not None:
-                await writer._changing
-            if writer._error is not None:
-                raise writer._error
-            md = writer.metadata
-            return await bk._write_metadata(md.replace(state=LedgerState.CLOSED,
-                                                       last_entry_id=writer.last_add_confirmed,
-                                                       length=writer.length))
+            await writer.drain()  # raises the handle's error: a rewrite failed
+            await writer.close()
+            return writer.metadata
         except (MetadataVersionError, LedgerFencedError, LedgerClosedError):
             # Another recovery changed the metadata first: if it closed the ledger, its
             # result is the result (every reader agrees); otherwise go round again.
-            md = await bk._read_metadata(md.ledger_id)
+            md = await ctx.ledger_metadata(md.ledger_id)
     return md
 
 
-async def _paced(writer: WriteHandle, data: bytes) -> asyncio.Future[int]:
-    """Send one recovered entry, waiting for room at the outstanding bound (not for its ack)."""
-    await writer._wait_for_room()
-    return writer.add_entry_async(data)
-
-
-async def _recovery_read(bk: BookKeeper, handle: ReadHandle, entry_id: int) -> bytes | None:
-    """The data of entry_id if any replica has a valid copy; None if it was never acknowledged."""
-    md = handle.metadata
-    ensemble = md.ensemble_for(entry_id)
-    ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
-    futs = [asyncio.ensure_future(bk.pool.call(ensemble[i], Op.READ_ENTRY, Flag.FENCE, md.ledger_id, entry_id,
-                                               handle._key, timeout_s=bk.config.read_timeout_s)) for i in ws]
-    verified: dict[int, bytes] = {}
-
-    def check(results: list[Any]) -> bool:
-        denied = 0
-        for i, r in enumerate(results):
-            if isinstance(r, tuple) and i not in verified:
-                try:
-                    verified[i] = handle._digest.verify(r[6], entry_id)[0]
-                except DigestMismatchError:
-                    results[i] = DigestMismatchError("bad copy")
-            if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)):
-                denied += 1
-        return bool(verified) or entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum)
-
-    results = await _first_decisive(futs, check)
-    check(results)
-    if verified:
-        return next(iter(verified.values()))
-    denied = sum(1 for r in results if isinstance(r, (NoSuchEntryError, NoSuchLedgerError)))
-    if entry_missing(denied, write_quorum=md.write_quorum, ack_quorum=md.ack_quorum):
-        return None
-    raise RecoveryError(f"recovery of ledger {md.ledger_id}: entry {entry_id} is neither readable nor denied by "
-                  f"enough bookies: {results}")
+def _consumed(fut: asyncio.Future[Any]) -> None:
+    """A rewrite's own outcome: its failure is the handle's, raised by drain()."""
+    if not fut.cancelled():
+        fut.exception()

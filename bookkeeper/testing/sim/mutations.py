@@ -13,8 +13,8 @@ from typing import Any
 
 from bookkeeper._ext.client import AddTracker
 from bookkeeper.client import ledger
+from bookkeeper.client.core import recovery, writer
 from bookkeeper.meta.ledger_metadata import LedgerState
-from bookkeeper.proto import Flag, Op
 
 MUTATIONS: dict[str, str] = {
     "ack-before-qa": "the writer acknowledges an entry once Qa - 1 bookies stored it",
@@ -30,14 +30,6 @@ MUTATIONS: dict[str, str] = {
     "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
     "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
 }
-
-
-class _NoFence:
-    """ledger.Flag with FENCE worth nothing (RECOVERY_ADD kept)."""
-
-    FENCE = 0
-    RECOVERY_ADD = Flag.RECOVERY_ADD
-    LONG_POLL = Flag.LONG_POLL
 
 
 def _tracker_with(qa_drop: int = 0, lac_ahead: bool = False) -> Callable[..., Any]:
@@ -61,6 +53,15 @@ def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, old)
 
 
+@contextlib.contextmanager
+def _unfenced(*votes: type) -> Iterator[None]:
+    """Recovery's requests decided by these votes go without FENCE."""
+    with contextlib.ExitStack() as stack:
+        for vote in votes:
+            stack.enter_context(_patched(vote, "flags", 0))
+        yield
+
+
 def _fence_ignored() -> contextlib.AbstractContextManager[None]:
     from bookkeeper.bookie.server import ShardServer
     original = ShardServer._fence
@@ -70,17 +71,6 @@ def _fence_ignored() -> contextlib.AbstractContextManager[None]:
         st.fenced = False
         return st
     return _patched(ShardServer, "_fence", fence)
-
-
-def _reads_unfenced() -> contextlib.AbstractContextManager[None]:
-    from bookkeeper.client.bookie_client import BookieClientPool
-    original = BookieClientPool.call
-
-    async def call(self: Any, bookie_id: str, op: int, flags: int, *rest: Any, **kw: Any) -> Any:
-        if op == Op.READ_ENTRY:
-            flags &= ~int(Flag.FENCE)
-        return await original(self, bookie_id, op, flags, *rest, **kw)
-    return _patched(BookieClientPool, "call", call)
 
 
 def _fence_answered_early() -> contextlib.AbstractContextManager[None]:
@@ -109,14 +99,9 @@ def _no_resend() -> contextlib.AbstractContextManager[None]:
 
 
 def _forget_writer_segments() -> contextlib.AbstractContextManager[None]:
-    from bookkeeper.client.client import BookKeeper
-    original = BookKeeper._write_metadata
-
-    async def write(self: Any, md: Any) -> Any:
-        if md.state is LedgerState.IN_RECOVERY and md.writer_ensembles:
-            md = md.replace(writer_ensembles=None)
-        return await original(self, md)
-    return _patched(BookKeeper, "_write_metadata", write)
+    def proposal(md: Any) -> Any:
+        return None if md.state is not LedgerState.OPEN else md.replace(state=LedgerState.IN_RECOVERY)
+    return _patched(recovery, "recovery_proposal", proposal)
 
 
 @contextlib.contextmanager
@@ -133,11 +118,11 @@ def applied(name: str | None) -> Iterator[None]:
     elif name == "lac-from-unacked":
         patch = _patched(ledger, "AddTracker", _tracker_with(lac_ahead=True))
     elif name == "recovery-fences-one":
-        patch = _patched(ledger, "fence_covered", lambda ok, **_kw: bool(ok))
+        patch = _patched(recovery, "fence_covered", lambda ok, **_kw: bool(ok))
     elif name == "recovery-without-fence":
-        patch = _patched(ledger, "Flag", _NoFence)
+        patch = _unfenced(recovery.FenceVote, recovery.EntryVote)
     elif name == "recovery-reads-without-fence":
-        patch = _reads_unfenced()
+        patch = _unfenced(recovery.EntryVote)
     elif name == "fence-before-durable":
         patch = _fence_answered_early()
     elif name == "fenced-takes-add":
@@ -154,7 +139,7 @@ def applied(name: str | None) -> Iterator[None]:
             return original(header, scan, reused=reused)
         patch = _patched(journal, "replay_step", step)
     elif name == "no-replacement-on-late-failure":
-        patch = _patched(ledger.WriteHandle, "_still_writing_to", lambda *_a: False)
+        patch = _patched(writer.WriterCore, "still_writing_to", lambda *_a: False)
     elif name == "recovery-from-interrupted-segments":
         patch = _forget_writer_segments()
     else:  # ack-before-fsync: the simulated journal device itself (SimSyncer(ack_before_sync=True))

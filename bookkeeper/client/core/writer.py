@@ -1,0 +1,245 @@
+"""A ledger writer's decisions (sans-I/O; the shell is WriteHandle in bookkeeper.client.ledger).
+
+Events in: a failed add (an error status, a timeout, a lost connection: OK responses are
+counted in C by the AddTracker), a metadata result (a new version, a conflict with the fresh
+metadata, an error), the explicit-LAC timer. Decisions out: ignore, fail the handle, or
+replace a bookie; the next ensemble change (the start, the ensemble it changes, its failed
+slots), the metadata it proposes, the entries to resend; what a close writes and whether a
+conflict ends it; whether an explicit LAC is due. No loop, socket, clock, sleep or future
+made here: the shell does each thing a decision names and feeds the result back.
+
+Why a core: these rules keep acknowledged entries safe, and each defect found in them was
+found late under real processes and timing luck (a hung bookie kept after a late failure, a
+once-failed bookie never taken back). As plain calls they are scripted event by event
+(tests/data/writer/*.txt, tests/test_core_scripts.py) and driven by the simulator.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from bookkeeper.client.core.quorum import write_set
+from bookkeeper.errors import BKError, LedgerFencedError
+from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
+
+CHANGE_BACKOFF_FIRST_S = 0.05
+CHANGE_BACKOFF_MAX_S = 5.0  # a retriable metadata error past this backoff fails the handle
+
+
+class Verdict(enum.Enum):
+    """What a failed add means for the handle."""
+
+    IGNORE = "ignore"    # settled already, or from a bookie replaced since (resent elsewhere)
+    REPLACE = "replace"  # the bookie is failed: an ensemble change replaces it
+    FAIL = "fail"        # the handle is broken (fenced, or an error no retry mends)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One step of an ensemble change: from entry `start` on, `base` with `slots` replaced."""
+
+    start: int
+    base: list[str]
+    slots: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """An outstanding entry's slot whose bookie changed: send it again to `bookie`."""
+
+    entry_id: int
+    idx: int
+    bookie: str
+
+
+class CloseStep(enum.Enum):
+    """What a close does after a conflict."""
+
+    DONE = "done"    # another writer closed it at the same entry: the close is done
+    RETRY = "retry"  # the metadata moved (an ensemble change landed): write the close again
+
+
+class LacStep(enum.Enum):
+    """What the explicit-LAC timer does when it fires."""
+
+    NOTHING = "nothing"  # the bookies know the LAC, or the handle no longer writes
+    REARM = "rearm"      # adds were sent since: the next one piggybacks the LAC
+    SEND = "send"        # idle: send WRITE_LAC to the last acknowledged entry's write set
+
+
+class WriterCore:
+    """The state a writer's decisions need, and the decisions.
+
+    `tracker` is the AddTracker (Cython, the add hot path: outstanding entries, their acks,
+    the LAC); `failed` the set of bookies being replaced, shared with the AckSink, which
+    ignores their OK responses in C. `recovery`: a recovery's rewrites (the metadata
+    IN_RECOVERY is the state it writes in).
+    """
+
+    __slots__ = ("metadata", "tracker", "failed", "error", "closing", "writable_state")
+
+    def __init__(self, metadata: LedgerMetadata, tracker: Any, *, recovery: bool = False) -> None:
+        self.metadata = metadata
+        self.tracker = tracker
+        self.failed: set[str] = set()
+        self.error: BKError | None = None
+        self.closing = False
+        self.writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+
+    @property
+    def writing(self) -> bool:
+        """The handle still sends adds: not failed, not closing, its ledger in the state it
+        writes in (OPEN, or IN_RECOVERY for a recovery's rewrites)."""
+        return self.error is None and not self.closing and self.metadata.state is self.writable_state
+
+    # -- failed adds ---------------------------------------------------------
+    def on_failure(self, entry_id: int, idx: int, bookie: str, err: BKError) -> tuple[Verdict, BKError | None]:
+        """A failed add of entry_id at ensemble slot idx, sent to bookie. REPLACE adds bookie to
+        the failed set; FAIL comes with the handle's error (the shell calls fail() with it)."""
+        ledger_id = self.metadata.ledger_id
+        if not self.tracker.is_current(entry_id, idx, bookie):
+            if err.retriable and self.still_writing_to(entry_id, bookie):
+                self.failed.add(bookie)
+                return Verdict.REPLACE, None
+            return Verdict.IGNORE, None
+        if isinstance(err, LedgerFencedError):
+            return Verdict.FAIL, LedgerFencedError(f"ledger {ledger_id} was fenced: a recovery open took it over")
+        if err.retriable:
+            self.tracker.fail(entry_id, idx)
+            self.failed.add(bookie)
+            return Verdict.REPLACE, None
+        return Verdict.FAIL, type(err)(f"add of entry {entry_id} to ledger {ledger_id} failed: {err}")
+
+    def still_writing_to(self, entry_id: int, bookie: str) -> bool:
+        """Whether a failure of an entry acknowledged without this bookie (Qa < Qw) must still
+        replace it: the bookie has been in every segment from the failed entry's to the last,
+        so new entries still go to it. An ensemble change that replaced another bookie keeps
+        it (the simulator, seed 9 at 18ac14b: a failure of an entry of the segment before such
+        a change was ignored, and a hung bookie stayed for another whole add timeout); a
+        segment without it in between means it was replaced and taken back later, and the
+        failure is of the old stay.
+
+        Why: Apache BookKeeper replaces a bookie at its first failed write, acknowledged or not.
+        Ignoring it leaves a dead or hung bookie in the ensemble, every later entry with Qw - 1
+        copies, and its replacement for the day a second bookie fails too, when one spare is
+        no longer enough for both.
+        """
+        if not self.writing:
+            return False
+        segments = self.metadata.ensembles
+        firsts = sorted(segments)
+        since = max((f for f in firsts if f <= entry_id), default=firsts[0])
+        return all(bookie in segments[f] for f in firsts if f >= since)
+
+    # -- ensemble change -----------------------------------------------------
+    def next_change(self) -> Change | None:
+        """The next step of an ensemble change, or None when no failed bookie is left where
+        new or outstanding entries go (the failed set is then forgotten: the client's
+        quarantine still keeps them out of new placements for a while, and a handle that
+        lives through many restarts does not run out of bookies).
+
+        The new segment starts at LAC + 1 and replaces, from there on, whatever segments the
+        metadata had: every entry from there is unacknowledged. Its ensemble is the one of
+        the segment holding LAC + 1 with the failed bookies' slots replaced.
+        """
+        start = self.tracker.lac + 1
+        base = self.metadata.ensemble_for(start)
+        failed = self.failed
+        if failed.isdisjoint(base) and not any(
+                b in failed for e in self.tracker.pending_ids() for b in self.tracker.sent_to(e)):
+            failed.clear()
+            return None
+        return Change(start, base, [i for i, b in enumerate(base) if b in failed])
+
+    def proposal(self, change: Change, ensemble: list[str]) -> LedgerMetadata | None:
+        """The metadata that puts `ensemble` in from change.start (None: it is there already,
+        as when a write whose reply was lost is retried)."""
+        md = self.metadata
+        segments = {k: v for k, v in md.ensembles.items() if k < change.start}
+        segments[change.start] = ensemble
+        return None if segments == md.ensembles else md.replace(ensembles=segments)
+
+    def changed(self, metadata: LedgerMetadata | None = None) -> list[Resend]:
+        """The change is in the metadata (`metadata`: the version written; None: it was there
+        already): each outstanding entry goes again to every slot whose bookie now differs
+        from the one it was sent to, its old answer forgotten. Comparing with where each was
+        sent, not with the old ensemble, resends after a retried write too."""
+        if metadata is not None:
+            self.metadata = metadata
+        md = self.metadata
+        out: list[Resend] = []
+        for eid in self.tracker.pending_ids():
+            sent = self.tracker.sent_to(eid)
+            if not sent:
+                continue  # acknowledged meanwhile
+            ensemble = md.ensemble_for(eid)
+            for idx in write_set(eid, md.ensemble_size, md.write_quorum):
+                if sent[idx] != ensemble[idx]:
+                    self.tracker.reset(eid, idx)
+                    out.append(Resend(eid, idx, ensemble[idx]))
+        return out
+
+    def on_conflict(self, fresh: LedgerMetadata) -> BKError | None:
+        """A compare-and-set lost to another writer of the metadata: the fresh version is read.
+        A recovery that took the ledger over fails the handle (the error returned); anything
+        else (an auto-recovery's re-replication) is the base of the next try."""
+        if fresh.state is not self.writable_state:
+            return LedgerFencedError(f"ledger {fresh.ledger_id} was fenced during an ensemble change: a "
+                                     f"recovery open took it over")
+        self.metadata = fresh
+        return None
+
+    def change_failed(self, err: BKError, backoff_s: float) -> BKError | None:
+        """An ensemble change step failed with err after backing off backoff_s so far: None to
+        try again after backoff_s (ZooKeeper unreachable for a moment), else the handle's error."""
+        if err.retriable and backoff_s <= CHANGE_BACKOFF_MAX_S:
+            return None
+        return type(err)(f"ledger {self.metadata.ledger_id}: ensemble change failed: {err}")
+
+    def fail(self, err: BKError) -> list[tuple[int, Any]]:
+        """The handle is broken: the first error stays its error; every outstanding entry is
+        dropped and returned (entry id, what settles it) for the shell to fail."""
+        if self.error is None:
+            self.error = err
+        dropped: list[tuple[int, Any]] = self.tracker.drop_all()
+        return dropped
+
+    # -- close ---------------------------------------------------------------
+    def close_proposal(self, md: LedgerMetadata | None = None) -> LedgerMetadata:
+        """The metadata that closes the ledger at the LAC (on `md`, default the handle's)."""
+        return (md or self.metadata).replace(state=LedgerState.CLOSED, last_entry_id=self.tracker.lac,
+                                              length=self.tracker.length)
+
+    def on_close_conflict(self, fresh: LedgerMetadata) -> CloseStep:
+        """The close's compare-and-set lost; fresh is the metadata now. Closed at the same entry
+        by someone else: done. Closed elsewhere or being recovered: LedgerFencedError (the
+        writer's view of the ledger's end is not the ledger's). Else write the close again."""
+        lac = self.tracker.lac
+        if fresh.is_closed:
+            if fresh.last_entry_id != lac:
+                raise LedgerFencedError(f"ledger {fresh.ledger_id} was recovered by another client and closed "
+                                        f"at entry {fresh.last_entry_id}, not {lac}")
+            self.metadata = fresh
+            return CloseStep.DONE
+        if fresh.state is LedgerState.IN_RECOVERY:
+            raise LedgerFencedError(f"ledger {fresh.ledger_id} is being recovered by another client")
+        return CloseStep.RETRY
+
+
+def lac_step(*, writing: bool, lac: int, lac_told: int, adds_sent: int, adds_at_arm: int) -> LacStep:
+    """The explicit-LAC timer fired (explicit_lac_interval_ms after the LAC moved).
+
+    Why: a bookie learns the LAC only from the next add, which piggybacks it; a writer that
+    pauses would leave its last entries invisible to tailers until it writes again or
+    closes. While adds flow the piggyback does the job and the timer only re-arms.
+    (Apache BookKeeper's WRITE_LAC / explicitLacInterval.)
+    """
+    if not writing or lac <= lac_told:
+        return LacStep.NOTHING
+    if adds_sent != adds_at_arm:
+        return LacStep.REARM
+    return LacStep.SEND
+
+
+__all__ = ["CHANGE_BACKOFF_FIRST_S", "Change", "CloseStep", "LacStep", "Resend", "Verdict", "WriterCore", "lac_step"]
