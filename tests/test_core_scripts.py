@@ -1,5 +1,5 @@
 """Interaction tests of the client core (bookkeeper/client/core/writer.py, recovery.py), as
-etcd raft's datadriven tests are: each file in tests/data/{writer,recovery}/ is one scenario,
+etcd raft's datadriven tests are: each file in tests/data/{writer,recovery,reads}/ is one scenario,
 a run of commands against one core, each followed by `----` and the decisions it must print.
 One file per defect these rules have had (the file's opening comment names it).
 
@@ -13,7 +13,8 @@ conflict state=S [segments=...]; close; close-conflict state=S [last=N]; lac wri
 told= sent= arm=; state. Recovery commands: ledger ... [state=S] [writer=...]; metadata
 segments=...; begin; fence;
 fenced <bookie> lac=N | fenced <bookie> <error>; read <entry>; copy <bookie> <data>;
-deny <bookie>; error <bookie> <error>; bad <bookie>; outcome.
+deny <bookie>; error <bookie> <error>; bad <bookie>; outcome. Read commands: entry-read <entry>
+replicas=a,b,c; next; copy-from <bookie>; fault <bookie> <error>.
 """
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ import pytest
 
 from bookkeeper import errors
 from bookkeeper._ext.client import AddTracker
-from bookkeeper.client.core import recovery, writer
+from bookkeeper.client.core import reads, recovery, writer
 from bookkeeper.client.core.writer import Change, CloseStep, Verdict, WriterCore
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState
 from bookkeeper.proto import Flag
 
 DATA = Path(__file__).parent / "data"
-SCRIPTS = sorted(DATA.glob("writer/*.txt")) + sorted(DATA.glob("recovery/*.txt"))
+SCRIPTS = sorted(DATA.glob("writer/*.txt")) + sorted(DATA.glob("recovery/*.txt")) + sorted(DATA.glob("reads/*.txt"))
 
 ERRORS: dict[str, type[errors.BKError]] = {
     "timeout": errors.TimeoutError,
@@ -84,6 +85,7 @@ class Script:
         self.proposal: LedgerMetadata | None = None
         self.fence: recovery.FenceVote | None = None
         self.read: recovery.EntryVote | None = None
+        self.entry_read: reads.ReplicaRead | None = None
         self.next = 0
         self.settled: list[str] = []  # entries settled by the last command, in order
 
@@ -278,6 +280,33 @@ class Script:
             return [f"{type(e).__name__}: {e}"]
         return [repr(found)]
 
+    # -- an entry read --------------------------------------------------------------
+    def do_entry_read(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        self.entry_read = reads.ReplicaRead(7, int(args[0]), kw["replicas"].split(","))
+        return [f"read 7:{args[0]} from {' '.join(self.entry_read.replicas)}"]
+
+    def do_next(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        r = self.entry_read
+        assert r is not None
+        bookie = r.take_next()
+        if bookie is None:
+            return ["nobody left to ask"]
+        return [f"ask {bookie}, " + ("a speculative timer" if r.can_speculate else "no timer")]
+
+    def do_copy_from(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        r = self.entry_read
+        assert r is not None
+        return [f"settled by {args[0]}'s copy" if r.copy_arrived() else f"{args[0]}'s copy comes late: ignored"]
+
+    def do_fault(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        r = self.entry_read
+        assert r is not None
+        out = [f"penalize {args[0]}" if r.error_arrived(ERRORS[args[1]]("injected")) else f"{args[0]} denies: no penalty"]
+        if r.exhausted:
+            err = r.failure()
+            out.append(f"read failed: {type(err).__name__}: {err}")
+        return out
+
 
 def _cases(text: str) -> list[tuple[str, list[str], int, int]]:
     """(command line, expected lines, first and last line index of the expected block)."""
@@ -357,7 +386,7 @@ def test_each_core_mutation_fails_its_script(mutation: str) -> None:
 
 def test_the_scripts_exist_and_parse() -> None:
     """A glob that finds nothing, or a file without a case, would pass silently above."""
-    assert {p.parent.name for p in SCRIPTS} == {"writer", "recovery"}
+    assert {p.parent.name for p in SCRIPTS} == {"writer", "recovery", "reads"}
     for path in SCRIPTS:
         assert _cases(path.read_text()), f"{path} has no case"
 

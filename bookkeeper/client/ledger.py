@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from bookkeeper.client.context import LedgerContext
 from bookkeeper.client.core import AckSink, AddTracker, write_set
 from bookkeeper.client.core import recovery as recovery_core
+from bookkeeper.client.core.reads import DENIALS, ReplicaRead
 from bookkeeper.client.core.recovery import EntryVote, FenceVote
 from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer, unheld_pause_s
 from bookkeeper.client.core.writer import (
@@ -72,84 +73,73 @@ class LedgerEntry:
     length: int = -1    # the ledger's length in bytes after this entry (-1: not known)
 
 
-_DENIALS = (NoSuchEntryError, NoSuchLedgerError)
-
-
-class _EntryRead:
-    """The read of one entry (client loop only): the next replica is asked when the current
-    one errs, or after the speculative delay with no answer; the first copy that passes its
-    digest wins. A slotted object, not closures: a range read makes one per entry. Its
+class _EntryRead(ReplicaRead):
+    """The read of one entry (client loop only): its decisions are ReplicaRead's
+    (bookkeeper/client/core/reads.py); this sends, arms the speculative timer and settles
+    the future. A slotted object, not closures: a range read makes one per entry. Its
     outcome goes to the client's metrics: the latency of a success, or one read error."""
 
-    __slots__ = ("h", "entry_id", "flags", "replicas", "fut", "errors", "next", "outstanding", "timer", "started")
+    __slots__ = ("h", "flags", "fut", "timer", "started")
 
     def __init__(self, handle: ReadHandle, entry_id: int, flags: int, replicas: list[str]) -> None:
+        super().__init__(handle.ledger_id, entry_id, replicas)
         self.h = handle
-        self.entry_id = entry_id
         self.flags = flags
-        self.replicas = replicas
         self.fut: asyncio.Future[ReadResult] = handle._loop.create_future()
-        self.errors: list[BKError] = []
-        self.next = 0
-        self.outstanding = 0
         self.timer: asyncio.TimerHandle | None = None
         self.started = handle._ctx.clock()
         self.send_next()
 
     def send_next(self) -> bool:
-        if self.next >= len(self.replicas) or self.fut.done():
+        if self.fut.done():
+            self.settled = True  # answered, or cancelled by its caller
+        bookie = self.take_next()
+        if bookie is None:
             return False
         h = self.h
-        bookie = self.replicas[self.next]
-        self.next += 1
-        self.outstanding += 1
         cfg = h._ctx.config
         h._ctx.pool.send(bookie, Op.READ_ENTRY, self.flags, h.ledger_id, self.entry_id, h._key, 0, b"",
-                        self.on_response, bookie, cfg.read_timeout_s, borrow=True)
-        if cfg.speculative_read_timeout_ms and self.next < len(self.replicas):
+                         self.on_response, bookie, cfg.read_timeout_s, borrow=True)
+        if cfg.speculative_read_timeout_ms and self.can_speculate:
             self.timer = h._loop.call_later(cfg.speculative_read_timeout_ms / 1000.0, self.speculate)
         return True
 
     def speculate(self) -> None:
         self.timer = None
-        if not self.fut.done():
+        if not self.fut.done() and self.can_speculate:
             self.h._ctx.stats["speculative_reads"] += 1
             self.send_next()
 
     def on_response(self, bookie: str, resp: tuple[Any, ...] | None, err: BKError | None) -> None:
-        self.outstanding -= 1
         h = self.h
         if self.fut.done():
-            if err is not None and not isinstance(err, _DENIALS):
-                h._ctx.health.penalize(bookie)  # a late failure still marks the bookie slow
-            return
+            self.settled = True
         if err is None:
             assert resp is not None
+            if self.settled:
+                self.copy_arrived()  # a later copy: the read is over
+                return
             try:
                 result = h._digest.verify(resp[6], self.entry_id)
             except DigestMismatchError as e:
                 err = e
             else:
+                self.copy_arrived()
                 if self.timer is not None:
                     self.timer.cancel()
                 h._ctx.read_latency.observe(h._ctx.clock() - self.started)
                 self.fut.set_result(result)
                 return
-        if not isinstance(err, _DENIALS):
-            h._ctx.health.penalize(bookie)
-        self.errors.append(err)
+        if self.error_arrived(err):
+            h._ctx.health.penalize(bookie)  # a fault, even a late one, marks the bookie slow
+        if self.settled:
+            return
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if not self.send_next() and self.outstanding == 0:
+        if not self.send_next() and self.exhausted:
             h._ctx.stats["read_errors"] += 1
-            if all(isinstance(e, _DENIALS) for e in self.errors):
-                self.fut.set_exception(NoSuchEntryError(f"entry {h.ledger_id}:{self.entry_id} not found on its "
-                                                        f"write set"))
-            else:
-                last = next(e for e in reversed(self.errors) if not isinstance(e, _DENIALS))
-                self.fut.set_exception(type(last)(f"entry {h.ledger_id}:{self.entry_id}: every replica failed: "
-                                                  f"{last}"))
+            self.fut.set_exception(self.failure())
 
 
 _HeadResult = tuple[PollAnswer | None, bytes | None, int]  # outcome (None: the metadata changed), entry, LAC
@@ -209,7 +199,7 @@ class _HeadWait:
                 data = self.h._digest.verify(resp[6], self.entry_id)[0]
             except DigestMismatchError as e:
                 err = e
-        answer = judge_poll_answer(self.entry_id, ok=err is None, absent=isinstance(err, _DENIALS), lac=lac,
+        answer = judge_poll_answer(self.entry_id, ok=err is None, absent=isinstance(err, DENIALS), lac=lac,
                                    unheld=isinstance(err, NoSuchLedgerError))
         if answer is PollAnswer.FAILED:
             self.error = err
@@ -713,7 +703,7 @@ class WriteHandle(ReadHandle):
         A writer's new entries belong to the last segment (a new one starts at LAC + 1); a
         recovery handle's rewrites may fall below it, into the fenced writer's segments.
         """
-        md, epoch = self.metadata, self._ctx.pool.routes_epoch
+        md, epoch = self._core.metadata, self._ctx.pool.routes_epoch
         if md is not self._segment_md or epoch != self._segment_epoch:
             first = max(md.ensembles)
             ensemble = md.ensembles[first]

@@ -15,12 +15,10 @@ verifies digests, and rewrites through a recovery write handle (WriterCore again
 from __future__ import annotations
 
 from bookkeeper.client.core.quorum import entry_missing, fence_covered, write_set
-from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError, RecoveryError
+from bookkeeper.client.core.reads import DENIALS
+from bookkeeper.errors import RecoveryError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.proto import Flag
-
-_DENIALS = (NoSuchEntryError, NoSuchLedgerError)
-
 
 def recovery_proposal(md: LedgerMetadata) -> LedgerMetadata | None:
     """The metadata that starts a recovery of an OPEN ledger: IN_RECOVERY, with the writer's
@@ -114,7 +112,7 @@ class EntryVote:
             assert data is not None
             if self.found is None:
                 self.found = data
-        elif isinstance(err, _DENIALS):
+        elif isinstance(err, DENIALS):
             self.denied += 1
         else:
             self.errors.append(err)
