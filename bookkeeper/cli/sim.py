@@ -103,7 +103,7 @@ def _report(result: Any, cpu: float, commit: str, args: argparse.Namespace) -> d
     report: dict[str, Any] = {
         "seed": cfg.seed, "ops": cfg.ops, "commit": commit, "config": cfg.describe(), "mutation": args.mutation,
         "acked": result.acked, "adds": result.adds, "ledgers": result.ledgers, "closed": result.closed,
-        "recoveries": result.recoveries, "reads": result.reads, "faults": result.faults,
+        "recoveries": result.recoveries, "reads": result.reads, "tails": result.tails, "faults": result.faults,
         "simulated_s": round(result.sim_seconds, 6), "cpu_s": round(cpu, 3),
         "cpu_us_per_add": round(cpu / result.acked * 1e6, 1) if result.acked else None,
         "checks": result.stats.get("checks", 0), "violation": None, "replay": replay,
@@ -120,7 +120,8 @@ def _print(report: dict[str, Any], result: Any) -> None:
     for row in (("config", report["config"]), ("mutation", report["mutation"] or "none"),
                 ("adds acknowledged", f"{report['acked']} of {report['adds']}"),
                 ("ledgers (closed by writer)", f"{report['ledgers']} ({report['closed']})"),
-                ("recoveries", report["recoveries"]), ("reads", report["reads"]), ("faults", faults),
+                ("recoveries", report["recoveries"]), ("reads", report["reads"]),
+                ("tails (to a close)", report["tails"]), ("faults", faults),
                 ("simulated time", f"{report['simulated_s']:.3f} s"),
                 ("CPU", f"{report['cpu_s']:.2f} s ({report['cpu_us_per_add']} us per acknowledged add)"),
                 ("invariant checks", report["checks"])):

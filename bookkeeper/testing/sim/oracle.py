@@ -103,9 +103,11 @@ class Oracle:
         self.violation: Violation | None = None
         self.on_violation: Any = lambda: None  # called once, as the first violation is found
         self.checks = 0
-        self.on_recovery_add: Any = lambda _bookie, _ledger: None  # the first rewrite of a ledger at a bookie
+        self.on_recovery_add: Any = lambda _bookie, _ledger: False  # a ledger's first rewrite at a bookie: True loses it
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
         self._rewritten: set[tuple[str, int]] = set()
+        self._last_ensembles: dict[int, list[str]] = {}  # ledger -> its last segment's bookies, as written
+        self._left: dict[tuple[int, str], float] = {}  # (ledger, bookie) -> when a write took it out of that
 
     def fail(self, invariant: str, detail: str) -> None:
         if self.violation is None:
@@ -124,7 +126,7 @@ class Oracle:
 
     def requests_in(self, tap: _Tap, data: bytes) -> bool:
         """Bytes a bookie received: record each request; check the LACs writers tell. True if
-        the simulation loses these bytes instead (on_fence asked for a fence to be lost)."""
+        the simulation loses these bytes instead (on_fence or on_recovery_add asked for it)."""
         tap.rx += data
         frames, used = parse_requests(tap.rx, MAX_FRAME)  # the buffer itself, no copy
         del tap.rx[:used]
@@ -135,7 +137,8 @@ class Oracle:
                 lose = True
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
                 self._rewritten.add((tap.bookie, ledger_id))
-                self.on_recovery_add(tap.bookie, ledger_id)
+                if self.on_recovery_add(tap.bookie, ledger_id):
+                    lose = True
             truth = self.ledgers.get(ledger_id)
             if truth is None:
                 continue
@@ -148,19 +151,29 @@ class Oracle:
                           f"({Op(op).name}) while only entries up to {truth.prefix} were on Qa bookies")
         return lose
 
+    def ensemble_written(self, ledger_id: int, last_ensemble: list[str], now: float) -> None:
+        """A metadata write of the ledger: the bookies its last segment no longer has left it
+        now (replaced; a later write may take one back)."""
+        before = self._last_ensembles.get(ledger_id, ())
+        for bookie in before:
+            if bookie not in last_ensemble:
+                self._left[(ledger_id, bookie)] = now
+        self._last_ensembles[ledger_id] = list(last_ensemble)
+
     def _kept(self, tap: _Tap, ledger_id: int, entry_id: int) -> None:
         """An add reached a bookie: fail if the writer has had no answer from it (they are
         held) for longer than it may take to replace it, counted from the first add of this
         ledger it sent while they were held, or since it took the bookie back (a placement or an
-        ensemble change takes a failed bookie when no other is left: it only prefers the healthy)."""
+        ensemble change takes a failed bookie when no other is left: it only prefers the healthy),
+        seen as a pause in its adds or as a metadata write that had replaced it."""
         if not tap.answers.held:
             return
         now = tap.clock()
         if tap.hold != tap.answers.since:
             tap.hold, tap.unanswered = tap.answers.since, {}
         first, last = tap.unanswered.get(ledger_id, (now, now))
-        if now - last > REJOIN_GAP_S:
-            first = now  # the writer had stopped sending it adds: replaced, then taken back (no other left)
+        if now - last > REJOIN_GAP_S or self._left.get((ledger_id, tap.bookie), -1.0) >= first:
+            first = now  # the writer had replaced it (its adds stopped, or the metadata says so), then took it back
         tap.unanswered[ledger_id] = (first, now)
         if now - first > tap.limit(first):
             self.fail("kept-failed-bookie", f"ledger {ledger_id}: entry {entry_id} sent to {tap.bookie}, which has "

@@ -336,6 +336,7 @@ class Result:
     closed: int
     recoveries: int
     reads: int
+    tails: int
     faults: dict[str, int]
     sim_seconds: float
     trace_lines: int
@@ -367,15 +368,17 @@ class World:
         self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
         self.open_ledgers: dict[int, str] = {}  # ledger -> its writer, while it writes
         self._ensembles: dict[int, list[str]] = {}  # ledger -> its first ensemble
+        self._segments: dict[int, dict[int, list[str]]] = {}  # ledger -> its writer's segments, as last written
         self._chaos = self.rng_for("recovery-chaos")
         self._dying: Any = None  # the running recovery's asyncio.timeout: its client may die early
         self._recoverer_died = False
+        self._interrupted: int | None = None  # the ledger whose recovery died last
         self._fences_to_lose: dict[int, set[str]] = {}  # ledger -> bookies its recovery's fences will not reach
         self.faults: dict[str, int] = {}
         self.done = False
         self.healed = False
         self._fault_tasks: list[asyncio.Task[Any]] = []
-        self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0}
+        self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0, "tails": 0}
         self._tasks: list[asyncio.Task[Any]] = []
         self.clients: list[BookKeeper] = []
         exec_rng = self.rng_for("executor")
@@ -433,9 +436,11 @@ class World:
             w.bk = await self._in(w.name, self._client(w.name))
         recovering = await self._in("recoverer", self._client("recoverer"))
         reading = await self._in("reader", self._client("reader"))
+        tailing = await self._in("tailer", self._client("tailer"))
         self._calm_zk()  # ZooKeeper's background losses start once every client is connected
         work = [self.spawn(w.name, self._write(w)) for w in self.writers]
-        side = [self.spawn("recoverer", self._recoverer(recovering)), self.spawn("reader", self._reader(reading))]
+        side = [self.spawn("recoverer", self._recoverer(recovering)), self.spawn("reader", self._reader(reading)),
+                self.spawn("tailer", self._tailer(tailing))]
         if self.cfg.faults:
             self._fault_tasks.append(self.spawn("faults", self._faults()))
         pending = set(work)
@@ -527,6 +532,8 @@ class World:
                 n = max(share - w.adds, 1000)  # a long ledger (past the ops budget if need be), one bookie hangs
                 self.loop.call_later(0.05, self._hang_one_of, w, lh)
             self._ensembles[lid] = list(lh.metadata.last_ensemble)
+            self._segments[lid] = dict(lh.metadata.ensembles)
+            self.oracle.ensemble_written(lid, self._ensembles[lid], self.loop.time())
             self.trace(f"L{lid} created on {lh.metadata.last_ensemble}: {n} adds, {mode}")
             failed = await self._adds(lh, truth, n, mode, rng, w)
             self.open_ledgers.pop(lid, None)
@@ -591,9 +598,13 @@ class World:
                 bk = await self._new_client("recoverer")
             await asyncio.sleep(rng.expovariate(1 / 0.6))
             candidates = sorted(lid for lid in self.open_ledgers if self.oracle.ledgers[lid].closed_at is None)
-            if not candidates:
+            retry, self._interrupted = self._interrupted, None
+            if retry is not None and rng.random() < 0.5:
+                lid = retry  # the new process takes up the job its predecessor died in
+            elif candidates:
+                lid = rng.choice(candidates)
+            else:
                 continue
-            lid = rng.choice(candidates)
             # A third of recoveries die part way (the recovering client crashes): what they
             # left (IN_RECOVERY, rewrites, ensemble changes) is the next recovery's to finish.
             await self._recover(bk, lid, 10 ** rng.uniform(-3, 0.5) if rng.random() < 0.5 else None)
@@ -616,6 +627,7 @@ class World:
             bk.pool.close()
             self.net.crash("recoverer")
             self._recoverer_died = True
+            self._interrupted = lid
             return False
         except BKError as e:
             self.trace(f"L{lid} recovery failed: {type(e).__name__}")
@@ -653,6 +665,42 @@ class World:
             for entry in entries:
                 self.oracle.read(truth, entry.entry_id, bytes(entry.data), lac)
 
+    async def _tailer(self, bk: BookKeeper) -> None:
+        """Tails of open ledgers as they are written (long polls at the head, the metadata
+        watch: ReadHandle.tail), from entry 0 to the close: each entry what the writer added,
+        in order, the tailer's LAC never past what Qa bookies hold, and the end where the
+        ledger was closed (readers agree on it)."""
+        rng = self.rng_for("tailer")
+        while not self.done:
+            await asyncio.sleep(rng.expovariate(1 / 0.5))
+            candidates = sorted(lid for lid, t in self.oracle.ledgers.items() if t.closed_at is None)
+            if not candidates:
+                continue
+            lid = rng.choice(candidates)
+            truth = self.oracle.ledgers[lid]
+            patience = rng.uniform(1.0, 20.0)  # a writer that died leaves its ledger open until a recovery
+            self.trace(f"L{lid} tail starts (for {patience:.1f} s at most)")
+            nxt = 0
+            try:
+                async with asyncio.timeout(patience):
+                    rh = await bk.open_ledger(lid, password=PASSWORD, recovery=False)
+                    async for entry in rh.tail(0):
+                        if entry.entry_id != nxt:
+                            self.oracle.fail("dirty-read", f"ledger {lid}: a tail gave entry {entry.entry_id} after "
+                                             f"{nxt - 1}")
+                            return
+                        self.oracle.read(truth, entry.entry_id, bytes(entry.data), rh.last_add_confirmed)
+                        nxt += 1
+            except TimeoutError:
+                self.trace(f"L{lid} tail given up at entry {nxt}: not closed yet")
+                continue
+            except BKError as e:  # opening, or the ledger gone: tailing retries everything else
+                self.trace(f"L{lid} tail failed at entry {nxt}: {type(e).__name__}")
+                continue
+            self.counts["tails"] += 1
+            self.oracle.closed(truth, nxt - 1, "a tailer")
+            self.trace(f"L{lid} tail ended at its close, entry {nxt - 1}")
+
     # -- faults ----------------------------------------------------------------------
     async def _faults(self) -> None:
         rng = self.rng_for("faults")
@@ -664,14 +712,17 @@ class World:
                 return
             kind = rng.choices(kinds, weights=KIND_WEIGHTS)[0]
             up = [b for b in self.bookies if b.up]
-            down = len(self.bookies) - len(up)
+            # Down for a while (a bookie that refused to start on its damaged journal is gone for
+            # good, as if decommissioned: it does not hold the budget of crashes for the run)
+            down = sum(1 for b in self.bookies if not b.up and not b.broken)
             client = "recoverer" if kind == "isolate" and rng.random() < 0.5 else \
-                rng.choice([w.name for w in self.writers] + ["recoverer", "reader"])
+                rng.choice([w.name for w in self.writers] + ["recoverer", "reader", "tailer"])
             bookie = rng.choice(up) if up else None
             if bookie is None:
                 continue
             handle = next((w.handle for w in self.writers if w.name == client), None)
-            if handle is not None and kind in ("reply-drop", "partition") and rng.random() < 0.5:
+            if handle is not None and kind in ("reply-drop", "partition", "crash", "power-loss", "eio") \
+                    and rng.random() < 0.5:
                 # at one of the bookies this writer writes to now
                 mine = [b for b in up if b.id in handle.metadata.last_ensemble]
                 bookie = rng.choice(mine) if mine else bookie
@@ -718,27 +769,42 @@ class World:
                     bookie.store.zk.expire()
             self.faults[kind] = self.faults.get(kind, 0) + 1
 
-    def _recovery_add(self, bookie: str, ledger_id: int) -> None:
+    def _recovery_add(self, bookie: str, ledger_id: int) -> bool:
         """A recovery's first rewrite of a ledger reached a bookie: sometimes that bookie
-        crashes now, so that the recovery changes its ensemble (FoundationDB's "buggify":
-        a fault placed where it tests a rule, not left to chance)."""
-        if self.cfg.faults and self._chaos.random() < 0.5:
-            victim = next(b for b in self.bookies if b.id == bookie)
+        crashes now, or (no crash left in the budget) the rewrite is lost with its connection,
+        so that the recovery changes its ensemble (FoundationDB's "buggify": a fault placed
+        where it tests a rule, not left to chance). True: lose the request."""
+        if not self.cfg.faults or self.healed or self.done or self._chaos.random() >= 0.5:
+            return False
+        victim = next(b for b in self.bookies if b.id == bookie)
+        if self._may_crash(victim):
             self.loop.call_soon(self._crash, victim, f"during a rewrite of L{ledger_id}")
+            return False
+        self.trace(f"a rewrite of L{ledger_id} to {bookie} is lost with its connection")
+        self.faults["lost-rewrite"] = self.faults.get("lost-rewrite", 0) + 1
+        return True
 
     def _metadata_written(self, path: str, data: bytes, node: str) -> None:
-        """A recovery wrote a ledger's metadata with a segment of its own (an ensemble change
-        of its rewrites): sometimes the recovering client dies a moment later, leaving the
-        ledger IN_RECOVERY with that segment for the next recovery."""
-        if node != "recoverer" or self._dying is None or not self.cfg.faults or self._chaos.random() >= 0.5:
-            return
+        """Each ledger metadata write: the oracle learns which bookies left the last segment
+        (kept-failed-bookie). A recovery's write with a segment of its own (an ensemble change
+        of its rewrites): sometimes the recovering client dies then, at once or a moment later,
+        leaving the ledger IN_RECOVERY with that segment for the next recovery."""
         try:
             md = LedgerMetadata.deserialize(data)
         except Exception:  # noqa: BLE001 - not a ledger's metadata
             return
-        if md.state is LedgerState.IN_RECOVERY and md.writer_ensembles and md.ensembles != md.writer_ensembles \
-                and not self._dying.expired():
-            self._dying.reschedule(self.loop.time() + self._chaos.uniform(0.0, 0.005))
+        self.oracle.ensemble_written(md.ledger_id, md.last_ensemble, self.loop.time())
+        if node != "recoverer":
+            self._segments[md.ledger_id] = md.ensembles  # the writer's (what it wrote last)
+            return
+        if self._dying is None or not self.cfg.faults or self._dying.expired():
+            return
+        # Its own segment: not what the writer wrote (told apart here, not by the metadata's
+        # writer_ensembles, which a mutation of recovery may leave out).
+        if md.state is LedgerState.IN_RECOVERY and md.ensembles != self._segments.get(md.ledger_id, md.ensembles) \
+                and self._chaos.random() < 0.5:
+            delay = 0.0 if self._chaos.random() < 0.5 else self._chaos.uniform(0.0, 0.005)
+            self._dying.reschedule(self.loop.time() + delay)
 
     def _lose_fences(self, lid: int) -> None:
         """This recovery's fences to some of the ledger's bookies (all but one, at most) will be
@@ -780,9 +846,14 @@ class World:
         if up:
             self._crash(self._chaos.choice(up), f"during the recovery of L{lid}")
 
+    def _may_crash(self, victim: SimBookie) -> bool:
+        """Whether a placed crash of victim is in the budget (a bookie gone for good on its
+        damaged journal does not count: the fault injector's rule)."""
+        down = sum(1 for b in self.bookies if not b.up and not b.broken)
+        return victim.up and not self.healed and not self.done and down < self.cfg.max_down
+
     def _crash(self, victim: SimBookie, why: str) -> None:
-        if not victim.up or self.healed or self.done or \
-                len(self.bookies) - sum(b.up for b in self.bookies) >= self.cfg.max_down:
+        if not self._may_crash(victim):
             return
         self.trace(f"{victim.id} crashes {why}")
         victim.crash(torn=False)
@@ -879,7 +950,8 @@ class World:
     def result(self) -> Result:
         return Result(config=self.cfg, violation=self.oracle.violation, acked=self.counts["acked"],
                       adds=self.counts["adds"], ledgers=self.counts["ledgers"], closed=self.counts["closed"],
-                      recoveries=self.counts["recoveries"], reads=self.counts["reads"], faults=dict(self.faults),
+                      recoveries=self.counts["recoveries"], reads=self.counts["reads"], tails=self.counts["tails"],
+                      faults=dict(self.faults),
                       sim_seconds=self.loop.time(), trace_lines=self.trace.count,
                       trace_tail=self._violation_tail if self.oracle.violation else list(self.trace.tail),
                       stats={"net": dict(self.net.stats), "zk": dict(self.zk.stats), "checks": self.oracle.checks})
