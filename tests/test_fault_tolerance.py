@@ -477,7 +477,7 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
             orig = list(lh.metadata.ensembles[0])
             victim = next(b for b in cluster.bookies if b.bookie_id == orig[0])
             victim.kill()
-            real = ledger_mod.ReadHandle.recovery_read
+            real = ledger_mod._RecoveryReader.recovery_read
 
             async def crashing(handle, entry_id):
                 if entry_id == 50:
@@ -491,12 +491,12 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
                     raise Crash("recovery 1 dies here")
                 return await real(handle, entry_id)
 
-            monkeypatch.setattr(ledger_mod.ReadHandle, "recovery_read", crashing)
+            monkeypatch.setattr(ledger_mod._RecoveryReader, "recovery_read", crashing)
             async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2,
                                                 placement="random") as r1:
                 with pytest.raises(Crash):
                     await r1.open_ledger(lh.ledger_id, password=b"p")
-            monkeypatch.setattr(ledger_mod.ReadHandle, "recovery_read", real)
+            monkeypatch.setattr(ledger_mod._RecoveryReader, "recovery_read", real)
             async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2,
                                                 placement="random") as r2:
                 rh = await asyncio.wait_for(r2.open_ledger(lh.ledger_id, password=b"p"), 60)
@@ -508,9 +508,12 @@ def test_interrupted_recovery_that_replaced_the_writers_segment_loses_nothing(cl
         _heal(cluster)
 
 
-def test_recovery_rewrite_into_an_older_segment_with_a_dead_bookie_completes(cluster) -> None:
-    """Entries past the bookies' LAC that lie in an older segment whose bookie is dead are rewritten
-    through an ensemble change of that segment, instead of hanging. (Found in review.)"""
+def test_recovery_starts_at_the_writers_last_segment_when_the_bookies_lac_lags(cluster) -> None:
+    """The bookies know no LAC (-1: every piggyback of the burst said so) but the writer changed
+    its ensemble at entry 100 after a bookie of segment 0 hung: recovery starts at that
+    segment (every entry before it was acknowledged), not at 0, and never rewrites into
+    segment 0, whose dead bookie once made it hang (apache/bookkeeper#2615: an ensemble change
+    among such rewrites started a segment below the last one)."""
     _heal(cluster)
 
     async def main() -> None:
@@ -523,11 +526,14 @@ def test_recovery_rewrite_into_an_older_segment_with_a_dead_bookie_completes(clu
             x.hang()
             assert await asyncio.gather(*(lh.add_entry_async(b"b%d" % i) for i in range(10))) == list(range(100, 110))
             assert len(lh.metadata.ensembles) == 2
+            segment0 = list(lh.metadata.ensembles[0])
             x.kill()
             async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=2, read_timeout_s=2,
                                                 placement="random") as r:
                 rh = await asyncio.wait_for(r.open_ledger(lh.ledger_id, password=b"p"), 60)
                 assert rh.last_add_confirmed == 109
+                assert rh.metadata.ensembles[0] == segment0  # nothing rewritten into it
+                assert min(f for f in rh.metadata.ensembles if f > 0) >= 100
                 want = [b"a%d" % i for i in range(100)] + [b"b%d" % i for i in range(10)]
                 assert [e.data for e in await rh.read(0, 109)] == want
     try:

@@ -331,46 +331,6 @@ class ReadHandle:
         """One entry from its write set: penalized replicas last, speculative retries."""
         return _EntryRead(self, entry_id, flags, self._replicas(entry_id)).fut
 
-    # -- recovery reads (on the fenced writer's view: core/recovery.py decides) ----------
-    async def fence(self) -> tuple[int, int]:
-        """Fence the last ensemble (READ_LAC with FENCE) until no write set has Qa unfenced
-        bookies: where recovery starts, the highest LAC the fenced bookies know (which this
-        handle then knows too) and the ledger's length after it (RecoveryError if too few
-        fences land). A hung bookie is not waited for once the answers in hand settle it."""
-        vote = FenceVote(self.metadata)
-        timeout = self._ctx.config.read_timeout_s
-        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_LAC, vote.flags, self.ledger_id, -1, self._key,
-                                                          timeout_s=timeout)) for b in vote.bookies]
-
-        def answered(idx: int, f: asyncio.Future[Any]) -> bool:
-            err = f.exception()
-            return vote.answer(idx, None if err is not None else f.result()[5], err)
-        await _until_decided(futs, answered)
-        lac = vote.outcome()
-        self._lac = max(self._lac, lac)
-        return lac, (await self._read_entry(lac))[2] if lac >= 0 else 0
-
-    async def recovery_read(self, entry_id: int) -> bytes | None:
-        """entry_id read from its write set with FENCE: its data if a replica has a valid copy,
-        None if enough replicas deny it that it was never acknowledged (RecoveryError if the
-        answers settle neither)."""
-        vote = EntryVote(self.metadata, entry_id)
-        timeout = self._ctx.config.read_timeout_s
-        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_ENTRY, vote.flags, self.ledger_id, entry_id,
-                                                          self._key, timeout_s=timeout)) for b in vote.bookies]
-
-        def answered(_idx: int, f: asyncio.Future[Any]) -> bool:
-            err = f.exception()
-            if err is not None:
-                return vote.answer(None, err)
-            try:
-                data = self._digest.verify(f.result()[6], entry_id)[0]
-            except DigestMismatchError as e:
-                return vote.answer(None, e)
-            return vote.answer(data)
-        await _until_decided(futs, answered)
-        return vote.outcome()
-
     async def read(self, first: int, last: int) -> list[LedgerEntry]:
         """Entries first..last inclusive (pipelined, read_window in flight).
 
@@ -507,6 +467,51 @@ class ReadHandle:
         """Nothing to release for a read handle."""
 
 
+class _RecoveryReader(ReadHandle):
+    """Recovery's reads on the fenced writer's view (recover() only: they fence, so they are
+    steps of a recovery that has claimed the ledger IN_RECOVERY, not a way to stop a writer;
+    core/recovery.py decides what the answers mean)."""
+
+    async def fence(self) -> tuple[int, int]:
+        """Fence the last ensemble (READ_LAC with FENCE) until no write set has Qa unfenced
+        bookies: where recovery starts, the highest LAC the fenced bookies know (which this
+        handle then knows too) and the ledger's length after it (RecoveryError if too few
+        fences land). A hung bookie is not waited for once the answers in hand settle it."""
+        vote = FenceVote(self.metadata)
+        timeout = self._ctx.config.read_timeout_s
+        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_LAC, vote.flags, self.ledger_id, -1, self._key,
+                                                          timeout_s=timeout)) for b in vote.bookies]
+
+        def answered(idx: int, f: asyncio.Future[Any]) -> bool:
+            err = f.exception()
+            return vote.answer(idx, None if err is not None else f.result()[5], err)
+        await _until_decided(futs, answered)
+        lac = vote.outcome()
+        self._lac = max(self._lac, lac)
+        return lac, (await self._read_entry(lac))[2] if lac >= 0 else 0
+
+    async def recovery_read(self, entry_id: int) -> bytes | None:
+        """entry_id read from its write set with FENCE: its data if a replica has a valid copy,
+        None if enough replicas deny it that it was never acknowledged (RecoveryError if the
+        answers settle neither)."""
+        vote = EntryVote(self.metadata, entry_id)
+        timeout = self._ctx.config.read_timeout_s
+        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_ENTRY, vote.flags, self.ledger_id, entry_id,
+                                                          self._key, timeout_s=timeout)) for b in vote.bookies]
+
+        def answered(_idx: int, f: asyncio.Future[Any]) -> bool:
+            err = f.exception()
+            if err is not None:
+                return vote.answer(None, err)
+            try:
+                data = self._digest.verify(f.result()[6], entry_id)[0]
+            except DigestMismatchError as e:
+                return vote.answer(None, e)
+            return vote.answer(data)
+        await _until_decided(futs, answered)
+        return vote.outcome()
+
+
 class WriteHandle(ReadHandle):
     """The single writer of a ledger: pipelined, in-order, quorum-acknowledged adds.
 
@@ -536,7 +541,7 @@ class WriteHandle(ReadHandle):
         self._room: asyncio.Future[None] | None = None
         self._segment_md: LedgerMetadata | None = None  # what _segment was built from
         self._segment_epoch = -1
-        self._segment: tuple[int, list[str], list[ShardConnection | None], list[Any] | None] = (0, [], [], None)
+        self._segment: tuple[list[str], list[ShardConnection | None], list[Any] | None] = ([], [], None)
         # One callback for every add sent: the pipes count its OK responses in C (AckSink).
         self._add_callback = AckSink(self._tracker, self._core.failed, self._on_add_response, self._on_acks)
         # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
@@ -652,8 +657,8 @@ class WriteHandle(ReadHandle):
         _AddCallback or None) is settled with the last one. The common case (a writer, every
         slot routable) runs in one C loop (AddTracker.send_entries); else entry by entry."""
         first = self._next
-        seg_first, ensemble, conns, pipes = self._current_segment()
-        if self._recovery or pipes is None or first < seg_first:
+        ensemble, conns, pipes = self._current_segment()
+        if self._recovery or pipes is None:
             for data in items[:-1]:
                 self._send_entry(data, None)
             self._send_entry(items[-1], last)
@@ -680,12 +685,7 @@ class WriteHandle(ReadHandle):
         self._lac_told = piggyback
         self._adds_sent += 1
         payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
-        first, ensemble, conns, _ = self._current_segment()
-        if entry_id < first:  # a recovery rewrite below the fenced writer's last segment
-            ensemble = self.metadata.ensemble_for(entry_id)
-            for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
-                self._send_add(entry_id, idx, ensemble[idx], payload)
-            return
+        ensemble, conns, _ = self._current_segment()
         timeout_s = self._ctx.config.add_timeout_s
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
             conn = conns[idx]
@@ -695,13 +695,14 @@ class WriteHandle(ReadHandle):
                                 self._add_callback, (entry_id, idx, ensemble[idx]), timeout_s):
                 conn.ensure_connecting()
 
-    def _current_segment(self) -> tuple[int, list[str], list[ShardConnection | None], list[Any] | None]:
-        """The last segment's first entry, its ensemble, each slot's shard connection (None:
-        unroutable) and their pipes (None if a slot is unroutable), cached until the metadata
-        or the pool's routes change.
+    def _current_segment(self) -> tuple[list[str], list[ShardConnection | None], list[Any] | None]:
+        """The last segment's ensemble, each slot's shard connection (None: unroutable) and
+        their pipes (None if a slot is unroutable), cached until the metadata or the pool's
+        routes change.
 
-        A writer's new entries belong to the last segment (a new one starts at LAC + 1); a
-        recovery handle's rewrites may fall below it, into the fenced writer's segments.
+        Every new entry belongs to the last segment: a writer's (a new segment starts at its
+        LAC + 1), and a recovery's rewrites too (recovery starts no lower than the fenced
+        writer's last segment: core/recovery.py, FenceVote.outcome).
         """
         md, epoch = self._core.metadata, self._ctx.pool.routes_epoch
         if md is not self._segment_md or epoch != self._segment_epoch:
@@ -714,7 +715,7 @@ class WriteHandle(ReadHandle):
                 except BKError:
                     conns.append(None)
             pipes = None if None in conns else [c.pipe for c in conns]  # type: ignore[union-attr]
-            self._segment_md, self._segment_epoch, self._segment = md, epoch, (first, ensemble, conns, pipes)
+            self._segment_md, self._segment_epoch, self._segment = md, epoch, (ensemble, conns, pipes)
         return self._segment
 
     async def add_entry(self, data: bytes) -> int:
@@ -723,8 +724,9 @@ class WriteHandle(ReadHandle):
         return await self.add_entry_async(data)
 
     async def wait_for_room(self, n: int = 1) -> None:
-        """Until n more adds fit under max_outstanding_adds (or the handle failed): then
-        add_entry_async/add_entries_async of n entries will not be refused for room."""
+        """Until n more adds fit under max_outstanding_adds (or the handle failed): then, unless
+        another caller takes the room first, add_entry_async/add_entries_async of n entries is
+        not refused for room."""
         while self._tracker.outstanding + n > self._ctx.config.max_outstanding_adds and self._core.error is None:
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
@@ -849,7 +851,7 @@ class WriteHandle(ReadHandle):
 
     async def drain(self) -> None:
         """Wait until every add sent is acknowledged and no ensemble change runs; raises the
-        handle's error if it failed meanwhile (a recovery waits so for its rewrites)."""
+        handle's error if it has failed (a recovery waits so for its rewrites)."""
         while self._tracker.outstanding and self._core.error is None:  # settled in order: the last ack ends it
             if self._room is None or self._room.done():
                 self._room = self._loop.create_future()
@@ -957,7 +959,7 @@ async def recover(ctx: LedgerContext, md: LedgerMetadata, password: bytes) -> Le
                 md = await ctx.ledger_metadata(md.ledger_id)
                 continue
         view = recovery_core.writer_view(md)
-        reader = ReadHandle(ctx, view, password, -1)
+        reader = _RecoveryReader(ctx, view, password, -1)
         lac, length = await reader.fence()
         # The rewrites go through a recovery write handle: RECOVERY_ADD (accepted on fenced
         # bookies), a dead bookie replaced by an ensemble change as for any writer, the

@@ -38,6 +38,14 @@ def writer_view(md: LedgerMetadata) -> LedgerMetadata:
     return md.replace(ensembles=dict(md.writer_ensembles or md.ensembles))
 
 
+def acknowledged_floor(view: LedgerMetadata) -> int:
+    """An entry the writer's segments alone prove acknowledged: the one before its last
+    segment. A segment starts at the writer's LAC + 1 at its ensemble change, so every entry
+    before it was acknowledged, whatever the fenced bookies say (a new segment's bookies
+    answer LAC -1 until an add reaches them)."""
+    return max(view.ensembles) - 1
+
+
 class FenceVote:
     """The answers to a recovery's fences, one per bookie of the writer's last ensemble."""
 
@@ -47,10 +55,7 @@ class FenceVote:
     def __init__(self, view: LedgerMetadata) -> None:
         self.ledger_id = view.ledger_id
         self.bookies: list[str] = list(view.last_ensemble)
-        # The writer's last segment starts at its LAC + 1 at that ensemble change: every entry
-        # before it was acknowledged, whatever the fenced bookies say (a new segment's bookies
-        # answer LAC -1 until an add reaches them).
-        self.floor = max(view.ensembles) - 1
+        self.floor = acknowledged_floor(view)
         self.e, self.qw, self.qa = view.ensemble_size, view.write_quorum, view.ack_quorum
         self.lacs: dict[int, int] = {}
         self.errors: dict[int, BaseException] = {}

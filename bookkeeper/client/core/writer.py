@@ -183,10 +183,21 @@ class WriterCore:
     def on_conflict(self, fresh: LedgerMetadata) -> BKError | None:
         """A compare-and-set lost to another writer of the metadata: the fresh version is read.
         A recovery that took the ledger over fails the handle (the error returned); anything
-        else (an auto-recovery's re-replication) is the base of the next try."""
+        else (an auto-recovery's re-replication) is the base of the next try.
+
+        A recovery's own handle never builds on a fresh version: another recovery (concurrent,
+        or an interrupted one whose write landed late) may have put its segments there, and a
+        recovery trusts only the writer's (recovery.writer_view). Taking them on would map
+        entries it already rewrote, and the fenced ones before them, to bookies that never
+        had them. It fails with LedgerFencedError instead, and recover() starts over from the
+        writer's view on the new version (found in review of the sans-I/O core: the scripts
+        made the sequence a few commands)."""
         if fresh.state is not self.writable_state:
             return LedgerFencedError(f"ledger {fresh.ledger_id} was fenced during an ensemble change: a "
                                      f"recovery open took it over")
+        if self.writable_state is LedgerState.IN_RECOVERY:
+            return LedgerFencedError(f"ledger {fresh.ledger_id}: another recovery changed its metadata during "
+                                     f"this recovery's ensemble change")
         self.metadata = fresh
         return None
 
@@ -217,10 +228,10 @@ class WriterCore:
         writer's view of the ledger's end is not the ledger's). Else write the close again."""
         lac = self.tracker.lac
         if fresh.is_closed:
+            self.metadata = fresh  # the ledger's end, whoever wrote it: the handle is closed
             if fresh.last_entry_id != lac:
                 raise LedgerFencedError(f"ledger {fresh.ledger_id} was recovered by another client and closed "
                                         f"at entry {fresh.last_entry_id}, not {lac}")
-            self.metadata = fresh
             return CloseStep.DONE
         if fresh.state is LedgerState.IN_RECOVERY:
             raise LedgerFencedError(f"ledger {fresh.ledger_id} is being recovered by another client")

@@ -29,6 +29,7 @@ MUTATIONS: dict[str, str] = {
     "no-resend-to-replaced": "an ensemble change does not resend outstanding entries to the new bookie",
     "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
     "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
+    "recovery-below-last-segment": "recovery starts at the fenced LAC even below the writer's last segment (#2615)",
 }
 
 
@@ -142,6 +143,8 @@ def applied(name: str | None) -> Iterator[None]:
         patch = _patched(writer.WriterCore, "still_writing_to", lambda *_a: False)
     elif name == "recovery-from-interrupted-segments":
         patch = _forget_writer_segments()
+    elif name == "recovery-below-last-segment":
+        patch = _patched(recovery, "acknowledged_floor", lambda _view: -1)
     else:  # ack-before-fsync: the simulated journal device itself (SimSyncer(ack_before_sync=True))
         patch = contextlib.nullcontext()
     with patch:

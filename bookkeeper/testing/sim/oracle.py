@@ -172,7 +172,9 @@ class Oracle:
         if tap.hold != tap.answers.since:
             tap.hold, tap.unanswered = tap.answers.since, {}
         first, last = tap.unanswered.get(ledger_id, (now, now))
-        if now - last > REJOIN_GAP_S or self._left.get((ledger_id, tap.bookie), -1.0) >= first:
+        taken_back = (self._left.get((ledger_id, tap.bookie), -1.0) >= first
+                      and tap.bookie in self._last_ensembles.get(ledger_id, ()))
+        if now - last > REJOIN_GAP_S or taken_back:
             first = now  # the writer had replaced it (its adds stopped, or the metadata says so), then took it back
         tap.unanswered[ledger_id] = (first, now)
         if now - first > tap.limit(first):
