@@ -162,6 +162,41 @@ def test_a_writer_that_missed_the_takeover_cannot_add_a_segment(cluster) -> None
     run(main())
 
 
+def test_a_segment_added_whose_reply_was_lost_keeps_its_ledger(cluster) -> None:
+    """A roll's segment add applied by ZooKeeper whose reply is lost (ConnectionLoss): the
+    writer fails, but the ledger the new segment names is not deleted, so the next writer
+    takes the stream over and every acknowledged record reads back. (Found by the simulator,
+    seed 18 at 792fd97: the ledger was deleted and every later open failed NoSuchLedgerError.)"""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns:
+            await ns.create_stream("lostreply")
+            w1 = await ns.open_writer("lostreply", segment_max_records=3)
+            real = ns.store.add_segment
+
+            def applied_then_lost(*args):  # noqa: ANN002, ANN202
+                real(*args)
+                raise errors.MetadataServiceError("ZooKeeper: ConnectionLoss")
+            ns.store.add_segment = applied_then_lost
+            try:
+                acked = [await w1.write(b"r%d" % i) for i in range(3)]  # the third rolls
+                with pytest.raises(errors.BKError):
+                    for i in range(3, 10):
+                        await w1.write(b"r%d" % i)
+                        await asyncio.sleep(0.05)
+            finally:
+                ns.store.add_segment = real
+            await w1.close()
+            segs = await ns.segments("lostreply")
+            assert segs[-1].state == "open"  # the segment whose add "failed"
+            await ns.bk.ledger_metadata(segs[-1].ledger_id)  # its ledger is still there
+            async with await ns.open_writer("lostreply") as w2:
+                after = await w2.write(b"after")
+            recs = await read_all(ns, "lostreply")
+            assert [r.data for r in recs][:3] == [b"r0", b"r1", b"r2"] and recs[-1].data == b"after"
+            assert [r.position for r in recs][:3] == acked and recs[-1].position == after
+    run(main())
+
+
 def test_writer_whose_zookeeper_session_expires_stops_writing(cluster) -> None:
     """The writer's session is expired (another client takes the session id and closes it): its
     writes fail with StreamLockLostError, a LedgerFencedError that says why."""

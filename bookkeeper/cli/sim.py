@@ -103,7 +103,8 @@ def _report(result: Any, cpu: float, commit: str, args: argparse.Namespace) -> d
     report: dict[str, Any] = {
         "seed": cfg.seed, "ops": cfg.ops, "commit": commit, "config": cfg.describe(), "mutation": args.mutation,
         "acked": result.acked, "adds": result.adds, "ledgers": result.ledgers, "closed": result.closed,
-        "recoveries": result.recoveries, "reads": result.reads, "tails": result.tails, "faults": result.faults,
+        "recoveries": result.recoveries, "reads": result.reads, "tails": result.tails,
+        "stream_records_acked": result.stream_acked, "faults": result.faults,
         "simulated_s": round(result.sim_seconds, 6), "cpu_s": round(cpu, 3),
         "cpu_us_per_add": round(cpu / result.acked * 1e6, 1) if result.acked else None,
         "checks": result.stats.get("checks", 0), "violation": None, "replay": replay,
@@ -121,7 +122,8 @@ def _print(report: dict[str, Any], result: Any) -> None:
                 ("adds acknowledged", f"{report['acked']} of {report['adds']}"),
                 ("ledgers (closed by writer)", f"{report['ledgers']} ({report['closed']})"),
                 ("recoveries", report["recoveries"]), ("reads", report["reads"]),
-                ("tails (to a close)", report["tails"]), ("faults", faults),
+                ("tails (to a close)", report["tails"]),
+                ("stream records acknowledged", report["stream_records_acked"]), ("faults", faults),
                 ("simulated time", f"{report['simulated_s']:.3f} s"),
                 ("CPU", f"{report['cpu_s']:.2f} s ({report['cpu_us_per_add']} us per acknowledged add)"),
                 ("invariant checks", report["checks"])):

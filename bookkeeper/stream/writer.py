@@ -274,16 +274,37 @@ class StreamWriter:
         try:
             seg = Segment(seq=self._meta.next_seq, ledger_id=lh.ledger_id, ctime_ms=now_ms())
             self._meta, seg = await ns.bk.metadata_call(ns.store.add_segment, ns.name, self._meta, seg)
-        except BaseException as e:
-            await ns.bk.delete_ledger(lh.ledger_id)
-            if isinstance(e, MetadataVersionError):
-                raise StreamLockLostError(f"stream {self.name!r} changed under this writer: another writer "
-                                          f"owns it") from e
+        except MetadataVersionError as e:
+            await self._drop_unused_ledger(lh.ledger_id)  # the add did not happen: the ledger is nobody's
+            raise StreamLockLostError(f"stream {self.name!r} changed under this writer: another writer "
+                                      f"owns it") from e
+        except BaseException:
+            # An unknown outcome (ZooKeeper lost the reply, or this task was cancelled): the
+            # segment may be in the stream. The ledger goes only once a read says it is not:
+            # a segment naming a deleted ledger stops every later writer and reader of the
+            # stream (the simulator, seed 18 at 792fd97: a lost reply, then every open failed
+            # NoSuchLedgerError). A segment that did land is the next writer's to close.
+            if not await self._segment_names(lh.ledger_id):
+                await self._drop_unused_ledger(lh.ledger_id)
             raise
         self._lh, self._segment = lh, seg
         self._seg_started, self._seg_records = self._clock(), 0
         self._seg_first_txid = self._seg_last_txid = -1
         self._control_due = False
+
+    async def _segment_names(self, ledger_id: int) -> bool:
+        """Whether a segment of the stream names ledger_id; True too when that cannot be read
+        now (keeping an unused ledger costs little, deleting a used one breaks the stream)."""
+        try:
+            return any(s.ledger_id == ledger_id for s in await self._ns.segments(self.name))
+        except BKError:
+            return True
+
+    async def _drop_unused_ledger(self, ledger_id: int) -> None:
+        try:
+            await self._ns.bk.delete_ledger(ledger_id)
+        except BKError as e:  # ZooKeeper unreachable: the empty ledger stays (GC-able by an operator)
+            log.info("stream %s: unused ledger %d not deleted: %s", self.name, ledger_id, e)
 
     # -- writing -------------------------------------------------------------------------
     async def write(self, data: bytes, txid: int | None = None) -> Position:

@@ -26,7 +26,11 @@ event happens:
   time (the add timeout and half a second, or `KEEP_LIMIT_ZK_TROUBLE_S` when ZooKeeper was in trouble): it replaces the bookie or fails (Apache BookKeeper replaces
   a bookie at its first failed write, acknowledged elsewhere or not);
 - `stuck`: once faults heal, a writer's add or a recovery finishes within the time
-  allowed.
+  allowed;
+- `stream-order`: a stream reader sees each record once, txids rising; once faults heal the
+  stream reads back with automatic txids without a gap;
+- `stream-lost`: every record a stream writer saw acknowledged is in the stream, with its
+  bytes, and every reader agrees on which record holds a txid.
 """
 from __future__ import annotations
 
@@ -108,6 +112,41 @@ class Oracle:
         self._rewritten: set[tuple[str, int]] = set()
         self._last_ensembles: dict[int, list[str]] = {}  # ledger -> its last segment's bookies, as written
         self._left: dict[tuple[int, str], float] = {}  # (ledger, bookie) -> when a write took it out of that
+        self.stream_records: set[bytes] = set()  # every record a stream writer accepted
+        self.stream_acks: set[bytes] = set()     # ... and saw acknowledged
+        self.stream_txids: dict[int, bytes] = {}  # txid -> the record readers found there
+
+    # -- streams ---------------------------------------------------------------------------
+    def stream_written(self, data: bytes) -> None:
+        """A stream writer accepted a record (its bytes are unique in a run)."""
+        self.stream_records.add(data)
+
+    def stream_acked(self, data: bytes) -> None:
+        self.stream_acks.add(data)
+
+    def stream_read(self, txid: int, data: bytes, previous: int, by: str) -> None:
+        """A stream reader read record txid after txid `previous` (-1: its first)."""
+        self.checks += 1
+        if data not in self.stream_records:
+            self.fail("stream-lost", f"{by} read txid {txid} as {data[:16]!r}, which no writer wrote")
+        elif txid <= previous:
+            self.fail("stream-order", f"{by} read txid {txid} after txid {previous}")
+        elif self.stream_txids.setdefault(txid, data) != data:
+            self.fail("stream-lost", f"{by} read txid {txid} as {data[:16]!r}, another reader as "
+                      f"{self.stream_txids[txid][:16]!r}")
+
+    def stream_final(self, records: list[tuple[int, bytes]]) -> None:
+        """The whole stream read back once faults healed."""
+        self.checks += 1
+        txids = [t for t, _ in records]
+        gap = next((i for i in range(1, len(txids)) if txids[i] != txids[i - 1] + 1), None)
+        if gap is not None:
+            self.fail("stream-order", f"the stream reads back with txid {txids[gap]} after {txids[gap - 1]}")
+            return
+        missing = self.stream_acks - {d for _, d in records}
+        if missing:
+            self.fail("stream-lost", f"{len(missing)} acknowledged record(s) not in the stream, e.g. "
+                      f"{sorted(missing)[0][:16]!r}")
 
     def fail(self, invariant: str, detail: str) -> None:
         if self.violation is None:

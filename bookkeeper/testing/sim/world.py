@@ -27,10 +27,11 @@ from bookkeeper.bookie.shard import apply_records, checkpoint
 from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.config import ClientConfig
-from bookkeeper.errors import BKError
+from bookkeeper.errors import BKError, StreamExistsError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import shard_for_ledger
+from bookkeeper.stream.namespace import Namespace
 from bookkeeper.testing.sim.disk import SimSyncer
 from bookkeeper.testing.sim.loop import SimLoop
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
@@ -44,6 +45,8 @@ WALL_EPOCH = 1.8e9  # the wall clock's reading at virtual time 0 (token expiry r
 # writer cut from it cannot replace a failed bookie for seconds, which hides other faults.
 KIND_WEIGHTS = (3, 3, 3, 3, 3, 3, 1, 1, 2, 2)
 ADD_TIMEOUT_S = 0.5  # the clients' add timeout: the network's delays are well under a millisecond
+STREAM = "s"
+STREAM_NODES = ("streamer0", "streamer1", "streamreader")  # two writers taking a stream from each other, a reader
 STALL_S = 30.0  # no progress this long (virtual): faults stop; this long again after that: `stuck`
 QUORUMS = [(3, 2, 2)] * 4 + [(3, 3, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (2, 2, 1), (4, 2, 2)]
 
@@ -66,11 +69,13 @@ class SimConfig:
     zk_reply_loss_rate: float = 0.01
     max_down: int = 1  # bookies down at once, at most
     add_rate: float = 1000.0  # adds per (virtual) second, per writer, on average
+    streams: bool = True  # two stream writers taking a stream from each other, and its reader
 
     @classmethod
     def default(cls, seed: int, ops: int, *, faults: bool = True) -> SimConfig:
-        """The benchmark profile: 3/2/2 on 5 bookies of one shard, two writers, faults on."""
-        return cls(seed=seed, ops=ops, faults=faults)
+        """The benchmark profile: 3/2/2 on 5 bookies of one shard, two ledger writers, faults on;
+        no stream (its figure is CPU per ledger add, comparable from run to run)."""
+        return cls(seed=seed, ops=ops, faults=faults, streams=False)
 
     @classmethod
     def from_seed(cls, seed: int, ops: int, *, faults: bool = True) -> SimConfig:
@@ -84,7 +89,8 @@ class SimConfig:
 
     def describe(self) -> str:
         return (f"E/Qw/Qa {self.ensemble}/{self.write_quorum}/{self.ack_quorum}, {self.bookies} bookies x "
-                f"{self.shards} shard(s), {self.writers} writer(s), faults {'on' if self.faults else 'off'}"
+                f"{self.shards} shard(s), {self.writers} writer(s){', a stream' if self.streams else ''}, "
+                f"faults {'on' if self.faults else 'off'}"
                 f"{f' (every ~{self.fault_gap_s} s, up to {self.max_down} bookie(s) down)' if self.faults else ''}")
 
 
@@ -337,6 +343,7 @@ class Result:
     recoveries: int
     reads: int
     tails: int
+    stream_acked: int
     faults: dict[str, int]
     sim_seconds: float
     trace_lines: int
@@ -378,7 +385,8 @@ class World:
         self.done = False
         self.healed = False
         self._fault_tasks: list[asyncio.Task[Any]] = []
-        self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0, "tails": 0}
+        self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0, "tails": 0,
+                       "stream_records": 0, "stream_acked": 0}
         self._tasks: list[asyncio.Task[Any]] = []
         self.clients: list[BookKeeper] = []
         exec_rng = self.rng_for("executor")
@@ -437,10 +445,14 @@ class World:
         recovering = await self._in("recoverer", self._client("recoverer"))
         reading = await self._in("reader", self._client("reader"))
         tailing = await self._in("tailer", self._client("tailer"))
+        streaming = [await self._in(n, self._client(n)) for n in STREAM_NODES] if self.cfg.streams else []
         self._calm_zk()  # ZooKeeper's background losses start once every client is connected
         work = [self.spawn(w.name, self._write(w)) for w in self.writers]
         side = [self.spawn("recoverer", self._recoverer(recovering)), self.spawn("reader", self._reader(reading)),
                 self.spawn("tailer", self._tailer(tailing))]
+        if streaming:
+            side += [self.spawn(n, self._stream_writer(bk, n)) for n, bk in zip(STREAM_NODES[:2], streaming)]
+            side.append(self.spawn(STREAM_NODES[2], self._stream_reader(streaming[2])))
         if self.cfg.faults:
             self._fault_tasks.append(self.spawn("faults", self._faults()))
         pending = set(work)
@@ -701,6 +713,81 @@ class World:
             self.oracle.closed(truth, nxt - 1, "a tailer")
             self.trace(f"L{lid} tail ended at its close, entry {nxt - 1}")
 
+    async def _namespace(self, bk: BookKeeper) -> Namespace:
+        """The run's stream namespace on bk's client, with its stream made (retried through
+        ZooKeeper's faults: the stream's quorums are the run's)."""
+        ns = Namespace(bk, "sim", password=PASSWORD, owns_client=False)
+        while True:
+            try:
+                await bk.metadata_call(ns.store.ensure_namespace, "sim")
+                if STREAM not in await ns.list_streams():
+                    await ns.create_stream(STREAM, ensemble=self.cfg.ensemble, write_quorum=self.cfg.write_quorum,
+                                           ack_quorum=self.cfg.ack_quorum)
+                return ns
+            except StreamExistsError:
+                return ns  # the other writer made it first
+            except BKError:
+                await asyncio.sleep(0.1)
+
+    async def _stream_writer(self, bk: BookKeeper, node: str) -> None:
+        """A stream writer that takes the stream over from the other one (its open segment
+        fenced and closed), writes records in pipelined bursts with automatic txids, rolling
+        every few records, until it is taken over in turn or a write fails; then again."""
+        rng = self.rng_for(f"stream:{node}")
+        ns = await self._namespace(bk)
+        while not self.done:
+            await asyncio.sleep(rng.expovariate(1 / 0.5))
+            try:
+                w = await ns.open_writer(STREAM, segment_max_records=rng.choice((20, 60, 300)),
+                                         segment_max_age_s=None, record_set_max_delay_ms=rng.choice((0.0, 1.0, 5.0)))
+            except BKError as e:
+                self.trace(f"stream writer {node} does not open: {type(e).__name__}")
+                continue
+            self.trace(f"stream writer {node} opens (after txid {w.last_txid})")
+            try:
+                for _ in range(rng.randint(1, 20)):
+                    burst = [f"{node}:{self.counts['stream_records'] + i}".encode() for i in range(rng.randint(1, 8))]
+                    self.counts["stream_records"] += len(burst)
+                    for data in burst:
+                        self.oracle.stream_written(data)
+                    if rng.random() < 0.5:
+                        await w.write_batch(burst)
+                    else:
+                        await asyncio.gather(*(w.write(d) for d in burst))
+                    for data in burst:
+                        self.oracle.stream_acked(data)
+                    self.counts["stream_acked"] += len(burst)
+                    await asyncio.sleep(rng.expovariate(1 / 0.02))
+                await w.close()
+                self.trace(f"stream writer {node} closes at txid {w.last_txid}")
+            except BKError as e:  # taken over (StreamLockLostError), or a fault it cannot ride out
+                self.trace(f"stream writer {node} stops: {type(e).__name__}")
+                try:
+                    await w.close()
+                except BKError:
+                    pass
+
+    async def _stream_reader(self, bk: BookKeeper) -> None:
+        """A reader tailing the stream from its start: each record once, txids rising; it
+        opens again from the start after an error."""
+        ns = await self._namespace(bk)
+        rng = self.rng_for("streamreader")
+        while not self.done:
+            previous = -1
+            try:
+                reader = await ns.open_reader(STREAM, "earliest")
+                try:
+                    async for rec in reader:
+                        self.oracle.stream_read(rec.txid, rec.data, previous, "the stream's tailing reader")
+                        previous = rec.txid
+                        if self.oracle.violation is not None:
+                            return
+                finally:
+                    await reader.close()
+            except BKError as e:
+                self.trace(f"stream reader stops after txid {previous}: {type(e).__name__}")
+            await asyncio.sleep(rng.expovariate(1 / 0.5))
+
     # -- faults ----------------------------------------------------------------------
     async def _faults(self) -> None:
         rng = self.rng_for("faults")
@@ -716,7 +803,8 @@ class World:
             # good, as if decommissioned: it does not hold the budget of crashes for the run)
             down = sum(1 for b in self.bookies if not b.up and not b.broken)
             client = "recoverer" if kind == "isolate" and rng.random() < 0.5 else \
-                rng.choice([w.name for w in self.writers] + ["recoverer", "reader", "tailer"])
+                rng.choice([w.name for w in self.writers] + ["recoverer", "reader", "tailer",
+                            *(STREAM_NODES if self.cfg.streams else ())])
             bookie = rng.choice(up) if up else None
             if bookie is None:
                 continue
@@ -933,6 +1021,29 @@ class World:
             if self.oracle.violation is not None:
                 return
         self.trace(f"final check: {len(self.oracle.ledgers)} ledgers closed and read back")
+        if not self.cfg.streams:
+            return
+        ns = await self._namespace(bk)
+        records: list[tuple[int, bytes]] = []
+        try:
+            async with asyncio.timeout(60.0):
+                async with await ns.open_writer(STREAM, segment_max_age_s=None):
+                    pass  # takes the stream over: its last writer's open segment fenced and closed
+                reader = await ns.open_reader(STREAM, "earliest", follow=False)
+                try:
+                    previous = -1
+                    async for rec in reader:
+                        self.oracle.stream_read(rec.txid, rec.data, previous, "the final stream read")
+                        previous = rec.txid
+                        records.append((rec.txid, rec.data))
+                finally:
+                    await reader.close()
+        except (BKError, TimeoutError) as e:
+            self.oracle.fail("stuck" if isinstance(e, TimeoutError) else "stream-lost",
+                             f"after faults healed, the stream could not be read back: {e!r}")
+            return
+        self.oracle.stream_final(records)
+        self.trace(f"final check: the stream reads back {len(records)} records")
 
     async def shutdown(self) -> None:
         for t in self._tasks:
@@ -951,6 +1062,7 @@ class World:
         return Result(config=self.cfg, violation=self.oracle.violation, acked=self.counts["acked"],
                       adds=self.counts["adds"], ledgers=self.counts["ledgers"], closed=self.counts["closed"],
                       recoveries=self.counts["recoveries"], reads=self.counts["reads"], tails=self.counts["tails"],
+                      stream_acked=self.counts["stream_acked"],
                       faults=dict(self.faults),
                       sim_seconds=self.loop.time(), trace_lines=self.trace.count,
                       trace_tail=self._violation_tail if self.oracle.violation else list(self.trace.tail),
