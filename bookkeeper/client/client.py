@@ -31,6 +31,7 @@ from bookkeeper.errors import (
     BookieUnavailableError,
     DigestMismatchError,
     InvalidArgumentError,
+    LedgerExistsError,
     MetadataServiceError,
     NotEnoughBookiesError,
     TimeoutError,
@@ -45,6 +46,7 @@ from bookkeeper.meta.zk_security import zk_security_from
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+CREATE_ATTEMPTS = 5  # a create's ZooKeeper calls, tried through ~1.5 s of trouble (backoff from 0.05 s)
 
 
 class BookKeeper:
@@ -277,13 +279,47 @@ class BookKeeper:
                                         f"{len(self._writable)} registered")
         chosen = self._place(ensemble, write_quorum)
         creator = self._principal or (await self.whoami(chosen))[0]
-        ledger_id = await self.metadata_call(self.store.allocate_ledger_id)
+        # A lost reply skips an id (the sequential node was made): never reused, so retried as is.
+        ledger_id = await self._retried(self.store.allocate_ledger_id)
         digest_text = await self._loop.run_in_executor(None, password_digest, password)  # scrypt: slow by design
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
                             ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=digest_text,
                             ensembles={0: chosen}, custom_metadata=custom, password=password, creator=creator)
-        md = await self.metadata_call(self.store.create_ledger, md)
+        md = await self._create_metadata(md)
         return WriteHandle(self, md, password)
+
+    async def _retried(self, fn: Callable[..., T], *args: Any) -> T:
+        """A metadata call tried again through ZooKeeper's transient trouble (a lost connection,
+        a lost reply: MetadataServiceError), CREATE_ATTEMPTS times with backoff; for calls
+        that are safe to repeat."""
+        delay = 0.05
+        for _ in range(CREATE_ATTEMPTS - 1):
+            try:
+                return await self.metadata_call(fn, *args)
+            except MetadataServiceError as e:
+                log.info("metadata call %s failed (%s): trying again in %.2f s", fn.__name__, e, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        return await self.metadata_call(fn, *args)
+
+    async def _create_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
+        """The new ledger's metadata stored, tried again through ZooKeeper's transient trouble.
+
+        A create that ZooKeeper applied but whose reply was lost meets LedgerExistsError when
+        tried again; the stored metadata is then this create's if its password digest is
+        (salted per create: no other ledger shares it), and the create is done. Before, the
+        first lost reply failed create_ledger (the simulator's writers, at 5 % loss)."""
+        try:
+            return await self.metadata_call(self.store.create_ledger, md)
+        except MetadataServiceError:
+            pass  # not known whether it was applied
+        try:
+            return await self._retried(self.store.create_ledger, md)
+        except LedgerExistsError:
+            stored = await self._retried(self.store.read_ledger, md.ledger_id)
+            if stored.password_digest != md.password_digest:
+                raise
+            return md.replace(creator=stored.creator, version=stored.version)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"", digest: DigestType | None = None,
                           recovery: bool = True, verify_password: bool = True) -> ReadHandle:
