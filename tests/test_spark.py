@@ -252,8 +252,8 @@ def _damage_next_entry(lh: bookkeeper.sync.WriteHandle) -> None:
     real_segment = handle._current_segment
 
     def per_entry_segment() -> tuple:
-        first, ensemble, conns, _pipes = real_segment()
-        return first, ensemble, conns, None
+        ensemble, conns, _pipes = real_segment()
+        return ensemble, conns, None
 
     class Damaging:
         def __getattr__(self, name: str) -> Any:
