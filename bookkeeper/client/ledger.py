@@ -478,14 +478,11 @@ class _RecoveryReader(ReadHandle):
         handle then knows too) and the ledger's length after it (RecoveryError if too few
         fences land). A hung bookie is not waited for once the answers in hand settle it."""
         vote = FenceVote(self.metadata)
-        timeout = self._ctx.config.read_timeout_s
-        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_LAC, vote.flags, self.ledger_id, -1, self._key,
-                                                          timeout_s=timeout)) for b in vote.bookies]
 
         def answered(idx: int, f: asyncio.Future[Any]) -> bool:
             err = f.exception()
             return vote.answer(idx, None if err is not None else f.result()[5], err)
-        await _until_decided(futs, answered)
+        await self._ask(vote.bookies, Op.READ_LAC, vote.flags, -1, answered)
         lac = vote.outcome()
         self._lac = max(self._lac, lac)
         return lac, (await self._read_entry(lac))[2] if lac >= 0 else 0
@@ -495,9 +492,6 @@ class _RecoveryReader(ReadHandle):
         None if enough replicas deny it that it was never acknowledged (RecoveryError if the
         answers settle neither)."""
         vote = EntryVote(self.metadata, entry_id)
-        timeout = self._ctx.config.read_timeout_s
-        futs = [asyncio.ensure_future(self._ctx.pool.call(b, Op.READ_ENTRY, vote.flags, self.ledger_id, entry_id,
-                                                          self._key, timeout_s=timeout)) for b in vote.bookies]
 
         def answered(_idx: int, f: asyncio.Future[Any]) -> bool:
             err = f.exception()
@@ -508,8 +502,17 @@ class _RecoveryReader(ReadHandle):
             except DigestMismatchError as e:
                 return vote.answer(None, e)
             return vote.answer(data)
-        await _until_decided(futs, answered)
+        await self._ask(vote.bookies, Op.READ_ENTRY, vote.flags, entry_id, answered)
         return vote.outcome()
+
+    async def _ask(self, bookies: list[str], op: int, flags: int, entry_id: int,
+                   answered: Callable[[int, asyncio.Future[Any]], bool]) -> None:
+        """Send op to every bookie at once and feed their answers to answered (its vote) until
+        it says they settle the question (_until_decided)."""
+        timeout = self._ctx.config.read_timeout_s
+        await _until_decided([asyncio.ensure_future(self._ctx.pool.call(b, op, flags, self.ledger_id, entry_id,
+                                                                        self._key, timeout_s=timeout))
+                              for b in bookies], answered)
 
 
 class WriteHandle(ReadHandle):

@@ -117,12 +117,12 @@ class Oracle:
         self.stream_txids: dict[int, bytes] = {}  # txid -> the record readers found there
 
     # -- streams ---------------------------------------------------------------------------
-    def stream_written(self, data: bytes) -> None:
-        """A stream writer accepted a record (its bytes are unique in a run)."""
-        self.stream_records.add(data)
+    def stream_written(self, records: list[bytes]) -> None:
+        """A stream writer accepted records (their bytes are unique in a run)."""
+        self.stream_records.update(records)
 
-    def stream_acked(self, data: bytes) -> None:
-        self.stream_acks.add(data)
+    def stream_acked(self, records: list[bytes]) -> None:
+        self.stream_acks.update(records)
 
     def stream_read(self, txid: int, data: bytes, previous: int, by: str) -> None:
         """A stream reader read record txid after txid `previous` (-1: its first)."""

@@ -32,6 +32,7 @@ from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.proto import shard_for_ledger
 from bookkeeper.stream.namespace import Namespace
+from bookkeeper.stream.reader import StreamReader
 from bookkeeper.testing.sim.disk import SimSyncer
 from bookkeeper.testing.sim.loop import SimLoop
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
@@ -748,14 +749,12 @@ class World:
                 for _ in range(rng.randint(1, 20)):
                     burst = [f"{node}:{self.counts['stream_records'] + i}".encode() for i in range(rng.randint(1, 8))]
                     self.counts["stream_records"] += len(burst)
-                    for data in burst:
-                        self.oracle.stream_written(data)
+                    self.oracle.stream_written(burst)
                     if rng.random() < 0.5:
                         await w.write_batch(burst)
                     else:
                         await asyncio.gather(*(w.write(d) for d in burst))
-                    for data in burst:
-                        self.oracle.stream_acked(data)
+                    self.oracle.stream_acked(burst)
                     self.counts["stream_acked"] += len(burst)
                     await asyncio.sleep(rng.expovariate(1 / 0.02))
                 await w.close()
@@ -772,21 +771,26 @@ class World:
         opens again from the start after an error."""
         ns = await self._namespace(bk)
         rng = self.rng_for("streamreader")
-        while not self.done:
-            previous = -1
+        while not self.done and self.oracle.violation is None:
+            read: list[tuple[int, bytes]] = []
             try:
-                reader = await ns.open_reader(STREAM, "earliest")
-                try:
-                    async for rec in reader:
-                        self.oracle.stream_read(rec.txid, rec.data, previous, "the stream's tailing reader")
-                        previous = rec.txid
-                        if self.oracle.violation is not None:
-                            return
-                finally:
-                    await reader.close()
+                await self._read_stream(await ns.open_reader(STREAM, "earliest"), "the stream's tailing reader",
+                                        read)
             except BKError as e:
-                self.trace(f"stream reader stops after txid {previous}: {type(e).__name__}")
+                self.trace(f"stream reader stops after txid {read[-1][0] if read else -1}: {type(e).__name__}")
             await asyncio.sleep(rng.expovariate(1 / 0.5))
+
+    async def _read_stream(self, reader: StreamReader, by: str, out: list[tuple[int, bytes]]) -> None:
+        """Read reader to its end (or a violation), each record checked and appended to out;
+        the reader closed after."""
+        try:
+            async for rec in reader:
+                self.oracle.stream_read(rec.txid, rec.data, out[-1][0] if out else -1, by)
+                out.append((rec.txid, rec.data))
+                if self.oracle.violation is not None:
+                    return
+        finally:
+            await reader.close()
 
     # -- faults ----------------------------------------------------------------------
     async def _faults(self) -> None:
@@ -799,9 +803,7 @@ class World:
                 return
             kind = rng.choices(kinds, weights=KIND_WEIGHTS)[0]
             up = [b for b in self.bookies if b.up]
-            # Down for a while (a bookie that refused to start on its damaged journal is gone for
-            # good, as if decommissioned: it does not hold the budget of crashes for the run)
-            down = sum(1 for b in self.bookies if not b.up and not b.broken)
+            down = self._down()
             client = "recoverer" if kind == "isolate" and rng.random() < 0.5 else \
                 rng.choice([w.name for w in self.writers] + ["recoverer", "reader", "tailer",
                             *(STREAM_NODES if self.cfg.streams else ())])
@@ -937,8 +939,12 @@ class World:
     def _may_crash(self, victim: SimBookie) -> bool:
         """Whether a placed crash of victim is in the budget (a bookie gone for good on its
         damaged journal does not count: the fault injector's rule)."""
-        down = sum(1 for b in self.bookies if not b.up and not b.broken)
-        return victim.up and not self.healed and not self.done and down < self.cfg.max_down
+        return victim.up and not self.healed and not self.done and self._down() < self.cfg.max_down
+
+    def _down(self) -> int:
+        """Bookies down for a while: a bookie that refused to start on its damaged journal is
+        gone for good, as if decommissioned, and does not hold the budget of crashes."""
+        return sum(1 for b in self.bookies if not b.up and not b.broken)
 
     def _crash(self, victim: SimBookie, why: str) -> None:
         if not self._may_crash(victim):
@@ -1029,15 +1035,8 @@ class World:
             async with asyncio.timeout(60.0):
                 async with await ns.open_writer(STREAM, segment_max_age_s=None):
                     pass  # takes the stream over: its last writer's open segment fenced and closed
-                reader = await ns.open_reader(STREAM, "earliest", follow=False)
-                try:
-                    previous = -1
-                    async for rec in reader:
-                        self.oracle.stream_read(rec.txid, rec.data, previous, "the final stream read")
-                        previous = rec.txid
-                        records.append((rec.txid, rec.data))
-                finally:
-                    await reader.close()
+                await self._read_stream(await ns.open_reader(STREAM, "earliest", follow=False),
+                                        "the final stream read", records)
         except (BKError, TimeoutError) as e:
             self.oracle.fail("stuck" if isinstance(e, TimeoutError) else "stream-lost",
                              f"after faults healed, the stream could not be read back: {e!r}")
