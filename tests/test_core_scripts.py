@@ -366,6 +366,7 @@ def test_script(path: Path) -> None:
 # The simulator's mutations that break a rule of the core: each must fail some script.
 CORE_MUTATIONS = {
     "no-replacement-on-late-failure": "late_failure_replaces_hung_bookie",
+    "replaced-bookie-acks-count": "acks_during_change",
     "recovery-fences-one": "fence_coverage",
     "recovery-reads-without-fence": "reads_fence",
     "recovery-without-fence": "fence_coverage",

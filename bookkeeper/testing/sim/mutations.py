@@ -28,6 +28,7 @@ MUTATIONS: dict[str, str] = {
     "replay-past-corrupt-middle": "journal replay treats a damaged block with valid ones after it as a torn end",
     "no-resend-to-replaced": "an ensemble change does not resend outstanding entries to the new bookie",
     "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
+    "replaced-bookie-acks-count": "an OK a bookie gave before it failed still counts once a change replaces it",
     "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
     "recovery-below-last-segment": "recovery starts at the fenced LAC even below the writer's last segment (#2615)",
 }
@@ -141,6 +142,8 @@ def applied(name: str | None) -> Iterator[None]:
         patch = _patched(journal, "replay_step", step)
     elif name == "no-replacement-on-late-failure":
         patch = _patched(writer.WriterCore, "still_writing_to", lambda *_a: False)
+    elif name == "replaced-bookie-acks-count":
+        patch = _patched(writer.WriterCore, "forget_failed_copies", lambda *_a: None)
     elif name == "recovery-from-interrupted-segments":
         patch = _forget_writer_segments()
     elif name == "recovery-below-last-segment":

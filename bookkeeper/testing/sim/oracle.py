@@ -38,6 +38,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from bookkeeper.client.core.quorum import write_set
+from bookkeeper.meta.ledger_metadata import LedgerMetadata
 from bookkeeper.proto import Flag, Op, Status, parse_requests, parse_responses
 
 MAX_FRAME = 5 << 20
@@ -109,6 +111,7 @@ class Oracle:
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: False  # a ledger's first rewrite at a bookie: True loses it
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
+        self.on_read: Any = lambda _bookie, _ledger: None  # an entry read arrives
         self._rewritten: set[tuple[str, int]] = set()
         self._last_ensembles: dict[int, list[str]] = {}  # ledger -> its last segment's bookies, as written
         self._left: dict[tuple[int, str], float] = {}  # (ledger, bookie) -> when a write took it out of that
@@ -174,6 +177,8 @@ class Oracle:
             tap.requests[rid] = (op, flags, ledger_id, entry_id)
             if flags & _FENCE and self.on_fence(tap.bookie, ledger_id):
                 lose = True
+            if op == _READ:
+                self.on_read(tap.bookie, ledger_id)
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
                 self._rewritten.add((tap.bookie, ledger_id))
                 if self.on_recovery_add(tap.bookie, ledger_id):
@@ -271,6 +276,21 @@ class Oracle:
         if truth.acked > last:
             self.fail("acked-after-close", f"ledger {truth.ledger_id}: entry {truth.acked} was acknowledged but "
                       f"{by} closed it at {last}")
+
+    def replicated(self, truth: LedgerTruth, metadata: LedgerMetadata) -> None:
+        """A closed ledger's metadata names, for each entry up to its end, Qa bookies that
+        answered OK for it (the write set the metadata gives the entry, not any bookie that
+        once had it: a copy on a bookie the metadata no longer names is not read)."""
+        for entry_id in range(metadata.last_entry_id + 1):
+            self.checks += 1
+            ensemble = metadata.ensemble_for(entry_id)
+            named = {ensemble[i] for i in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)}
+            have = len(named & truth.ok.get(entry_id, set()))
+            if have < metadata.ack_quorum:
+                self.fail("under-replicated", f"ledger {truth.ledger_id}: entry {entry_id}'s write set in the closed "
+                          f"metadata ({sorted(named)}) has {have} bookie(s) that answered OK for it, Qa is "
+                          f"{metadata.ack_quorum}")
+                return
 
     def read(self, truth: LedgerTruth, entry_id: int, data: bytes, lac: int) -> None:
         self.checks += 1

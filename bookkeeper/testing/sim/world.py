@@ -332,6 +332,15 @@ class Writer:
 
 
 @dataclass
+class LateAdds:
+    """A recovery racing a writer's late adds (apache/bookkeeper#2614's order, `_late_adds`)."""
+
+    writer: str
+    victim: str  # the bookie whose fence is lost and whose adds from the writer are held
+    until: float  # when those adds arrive
+
+
+@dataclass
 class Result:
     """What a run did."""
 
@@ -371,6 +380,7 @@ class World:
         self.zk.on_write = self._metadata_written
         self.oracle.on_recovery_add = self._recovery_add
         self.oracle.on_fence = self._fence_arrives
+        self.oracle.on_read = self._read_arrives
         self.zk_cut: set[str] = set()
         self.bookies = [SimBookie(self, i) for i in range(cfg.bookies)]
         self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
@@ -381,7 +391,10 @@ class World:
         self._dying: Any = None  # the running recovery's asyncio.timeout: its client may die early
         self._recoverer_died = False
         self._interrupted: int | None = None  # the ledger whose recovery died last
+        self._left_segment = False  # that recovery died just after writing an ensemble change of its own
         self._fences_to_lose: dict[int, set[str]] = {}  # ledger -> bookies its recovery's fences will not reach
+        self._late: dict[int, LateAdds] = {}  # ledger -> the race its recovery runs against late adds (#2614)
+        self._slow_reads: dict[int, set[str]] = {}  # ledger -> bookies whose answers to its recovery's first read come late
         self.faults: dict[str, int] = {}
         self.done = False
         self.healed = False
@@ -612,8 +625,8 @@ class World:
             await asyncio.sleep(rng.expovariate(1 / 0.6))
             candidates = sorted(lid for lid in self.open_ledgers if self.oracle.ledgers[lid].closed_at is None)
             retry, self._interrupted = self._interrupted, None
-            if retry is not None and rng.random() < 0.5:
-                lid = retry  # the new process takes up the job its predecessor died in
+            if retry is not None and (self._left_segment or rng.random() < 0.5):
+                lid = retry  # the new process takes up the job its predecessor died in (always, if it left a segment)
             elif candidates:
                 lid = rng.choice(candidates)
             else:
@@ -629,7 +642,13 @@ class World:
             self.loop.call_later(self._chaos.uniform(0.0, 0.02), self._crash_one_of, lid)
         elif chaos < 0.6:
             self._lose_fences(lid)
+        elif chaos < 0.8 and self._late_adds(lid):
+            dies_after = None  # the race needs the recovery to finish
+        if self.cfg.faults and lid not in self._late and self._chaos.random() < 0.5:
+            bookies = sorted({b for segment in self._segments.get(lid, {}).values() for b in segment})
+            self._slow_reads[lid] = set(self._chaos.sample(bookies, self._chaos.randint(0, len(bookies))))
         started = self.loop.time()
+        self._left_segment = False
         try:
             async with asyncio.timeout(dies_after) as self._dying:
                 rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
@@ -648,6 +667,8 @@ class World:
         finally:
             self._dying = None
             self._fences_to_lose.pop(lid, None)
+            self._late.pop(lid, None)
+            self._slow_reads.pop(lid, None)
         self.counts["recoveries"] += 1
         self.oracle.closed(truth, rh.last_add_confirmed, "a recovery")
         self.trace(f"L{lid} recovered, closed at {rh.last_add_confirmed}")
@@ -864,7 +885,8 @@ class World:
         crashes now, or (no crash left in the budget) the rewrite is lost with its connection,
         so that the recovery changes its ensemble (FoundationDB's "buggify": a fault placed
         where it tests a rule, not left to chance). True: lose the request."""
-        if not self.cfg.faults or self.healed or self.done or self._chaos.random() >= 0.5:
+        if (not self.cfg.faults or self.healed or self.done or ledger_id in self._late
+                or self._chaos.random() >= 0.5):
             return False
         victim = next(b for b in self.bookies if b.id == bookie)
         if self._may_crash(victim):
@@ -887,7 +909,7 @@ class World:
         if node != "recoverer":
             self._segments[md.ledger_id] = md.ensembles  # the writer's (what it wrote last)
             return
-        if self._dying is None or not self.cfg.faults or self._dying.expired():
+        if self._dying is None or not self.cfg.faults or self._dying.expired() or md.ledger_id in self._late:
             return
         # Its own segment: not what the writer wrote (told apart here, not by the metadata's
         # writer_ensembles, which a mutation of recovery may leave out).
@@ -895,6 +917,7 @@ class World:
                 and self._chaos.random() < 0.5:
             delay = 0.0 if self._chaos.random() < 0.5 else self._chaos.uniform(0.0, 0.005)
             self._dying.reschedule(self.loop.time() + delay)
+            self._left_segment = True
 
     def _lose_fences(self, lid: int) -> None:
         """This recovery's fences to some of the ledger's bookies (all but one, at most) will be
@@ -905,8 +928,51 @@ class World:
             return
         self._fences_to_lose[lid] = set(self._chaos.sample(ensemble, self._chaos.randint(1, len(ensemble) - 1)))
 
+    def _late_adds(self, lid: int) -> bool:
+        """apache/bookkeeper#2614's order, placed: one bookie of the writer's current ensemble
+        loses this recovery's fence, and the writer's adds to it are held until after the
+        recovery has read there (its first entry read answered first: `_read_arrives`). That
+        read must fence the bookie itself, or it takes an add recovery found missing and the
+        writer sees it acknowledged past the close. The fenced bookies' answers to the writer
+        are held as well until just after the late adds land (`_fence_arrives`), so the writer
+        hears of the fence (which fails all its adds) only then. False (nothing armed) with
+        Qa = 1 (an add is acknowledged at once), or if the ledger has no writer now, a bookie
+        of its ensemble is down, or a link is already cut."""
+        writer = next((w for w in self.writers if w.handle is not None and w.handle.ledger_id == lid), None)
+        if writer is None or self.healed or self.cfg.ack_quorum < 2:
+            return False
+        ensemble = [b for b in self.bookies if b.id in writer.handle.metadata.last_ensemble]
+        if not all(b.up for b in ensemble) or any(self.net.link(a, b.name).held or self.net.link(b.name, a).held
+                                                  for b in ensemble for a in (writer.name, "recoverer")):
+            return False
+        victim = self._chaos.choice(ensemble)
+        span = self._chaos.uniform(0.02, 0.3)
+        self._fences_to_lose[lid] = {victim.id}
+        self._late[lid] = LateAdds(writer.name, victim.id, self.loop.time() + span)
+        self._slow_reads[lid] = {b.id for b in ensemble if b is not victim}  # so the victim answers first
+        self.net.hold(writer.name, victim.name)
+        self.loop.call_later(span, self.net.release, writer.name, victim.name)
+        self.trace(f"{writer.name}'s adds to {victim.id} held for {span:.3f} s (L{lid}'s recovery)")
+        self.faults["late-adds"] = self.faults.get("late-adds", 0) + 1
+        return True
+
+    def _read_arrives(self, bookie: str, ledger_id: int) -> None:
+        """An entry read reaches a bookie. Half of all recoveries (and every #2614 race) have
+        some bookies answer its first entry read 5 ms late, so that a denial from one bookie
+        can come before a copy from another (what recovery decides on a denial is then tested:
+        in #2614's race the bookie whose adds are held answers first)."""
+        slow = self._slow_reads.get(ledger_id)
+        if not slow or bookie not in slow:
+            return
+        slow.discard(bookie)
+        self._hold_for(bookie.split(":")[0], "recoverer", 0.005)
+
     def _fence_arrives(self, bookie: str, ledger_id: int) -> bool:
-        """A fence reaches a bookie: True to lose it (and reset its connection)."""
+        """A fence reaches a bookie: True to lose it (and reset its connection). In #2614's
+        race, a bookie fenced now answers the writer only once the late adds have landed."""
+        race = self._late.get(ledger_id)
+        if race is not None and bookie != race.victim:
+            self._hold_for(bookie.split(":")[0], race.writer, race.until + 0.01 - self.loop.time())
         lose = self._fences_to_lose.get(ledger_id)
         if lose is None or bookie not in lose:
             return False
@@ -914,6 +980,12 @@ class World:
         self.trace(f"the recovery's fence of L{ledger_id} to {bookie} is lost with its connection")
         self.faults["lost-fence"] = self.faults.get("lost-fence", 0) + 1
         return True
+
+    def _hold_for(self, src: str, dst: str, span: float) -> None:
+        """Packets from src to dst are held for span seconds, then arrive (unless already held)."""
+        if span > 0 and not self.net.link(src, dst).held:
+            self.net.hold(src, dst)
+            self.loop.call_later(span, self.net.release, src, dst)
 
     def _hang_one_of(self, w: Writer, lh: Any) -> None:
         """A bookie of a writer's new ledger stops answering it (its answers held for
@@ -1022,6 +1094,7 @@ class World:
                                  f"ledger {lid}: after faults healed, its recovery and read failed: {e!r}")
                 return
             self.oracle.closed(truth, last, "the final recovery")
+            self.oracle.replicated(truth, rh.metadata)
             for entry in entries:
                 self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
             if self.oracle.violation is not None:
