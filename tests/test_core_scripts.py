@@ -14,7 +14,11 @@ told= sent= arm=; state. Recovery commands: ledger ... [state=S] [writer=...]; m
 segments=...; begin; fence;
 fenced <bookie> lac=N | fenced <bookie> <error>; read <entry>; copy <bookie> <data>;
 deny <bookie>; error <bookie> <error>; bad <bookie>; outcome. Read commands: entry-read <entry>
-replicas=a,b,c; next; copy-from <bookie>; fault <bookie> <error>.
+replicas=a,b,c; next; copy-from <bookie>; fault <bookie> <error>. Stream writer commands
+(bookkeeper/stream/core.py, tests/data/stream/): stream [set=bytes] [inflight=bytes] [records=N]
+[bytes=N] [age=S] [last=txid]; segment seq=N [now=S]; write <call> <size>... [txids=1,2];
+seal [length=N] [now=S]; acked <set> entry=N; settle <set> [error]; control; suspend; resume;
+roll-done; stop <error>; close-segment last=N length=N.
 """
 from __future__ import annotations
 
@@ -28,10 +32,13 @@ from bookkeeper._ext.client import AddTracker
 from bookkeeper.client.core import reads, recovery, writer
 from bookkeeper.client.core.writer import Change, CloseStep, Verdict, WriterCore
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerState
+from bookkeeper.meta.streams import Segment
 from bookkeeper.proto import Flag
+from bookkeeper.stream import core as stream_core
+from bookkeeper.stream.writer import WriterSettings
 
 DATA = Path(__file__).parent / "data"
-SCRIPTS = sorted(DATA.glob("writer/*.txt")) + sorted(DATA.glob("recovery/*.txt")) + sorted(DATA.glob("reads/*.txt"))
+SCRIPTS = [p for part in ("writer", "recovery", "reads", "stream") for p in sorted(DATA.glob(f"{part}/*.txt"))]
 
 ERRORS: dict[str, type[errors.BKError]] = {
     "timeout": errors.TimeoutError,
@@ -42,6 +49,7 @@ ERRORS: dict[str, type[errors.BKError]] = {
     "too-large": errors.TooLargeError,
     "unauthorized": errors.UnauthorizedError,
     "zk-loss": errors.MetadataServiceError,
+    "lock-lost": errors.StreamLockLostError,
 }
 
 
@@ -75,6 +83,22 @@ class _Settled:
         self.script.settled.append(f"e{self.entry_id}")
 
 
+class _Call:
+    """A stream write call's completion (a future in the shell): records how it ended."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.outcome = name, ""
+
+    def done(self) -> bool:
+        return bool(self.outcome)
+
+    def set_result(self, positions: list[stream_core.Position]) -> None:
+        self.outcome = "done at " + " ".join(f"{p.segment}/{p.entry}/{p.slot}" for p in positions)
+
+    def set_exception(self, err: BaseException) -> None:
+        self.outcome = f"failed: {type(err).__name__}"
+
+
 class Script:
     """One scenario's state: the metadata, a writer core over an AddTracker, the votes."""
 
@@ -88,6 +112,9 @@ class Script:
         self.entry_read: reads.ReplicaRead | None = None
         self.next = 0
         self.settled: list[str] = []  # entries settled by the last command, in order
+        self.stream: stream_core.StreamWriterCore | None = None
+        self.calls: dict[str, _Call] = {}
+        self.sets: list[tuple[stream_core.RecordSet, int, int]] = []  # sent: the set, its payload size, its segment
 
     # -- commands --------------------------------------------------------------
     def run(self, cmd: str, args: list[str], kw: dict[str, str]) -> list[str]:
@@ -308,6 +335,126 @@ class Script:
         return out
 
 
+    # -- a stream writer -------------------------------------------------------------
+    @property
+    def _stream(self) -> stream_core.StreamWriterCore:
+        assert self.stream is not None, "no stream command yet"
+        return self.stream
+
+    def _calls_ended(self) -> list[str]:
+        out = [f"{c.name} {c.outcome}" for c in self.calls.values() if c.outcome]
+        self.calls = {n: c for n, c in self.calls.items() if not c.outcome}
+        return out
+
+    def do_stream(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        settings = WriterSettings(record_set_max_bytes=int(kw.get("set", 64 * 1024)),
+                                  max_inflight_bytes=int(kw.get("inflight", 32 * 1024 * 1024)),
+                                  segment_max_records=int(kw["records"]) if "records" in kw else None,
+                                  segment_max_bytes=int(kw["bytes"]) if "bytes" in kw else None,
+                                  segment_max_age_s=float(kw["age"]) if "age" in kw else None).validate()
+        self.stream = stream_core.StreamWriterCore("s", settings, last_txid=int(kw.get("last", -1)))
+        return [f"stream s after txid {self.stream.last_txid}"]
+
+    def do_segment(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        seq = int(kw["seq"])
+        self._stream.segment_started(Segment(seq=seq, ledger_id=100 + seq, ctime_ms=0), float(kw.get("now", 0)))
+        return [f"segment {seq} open"]
+
+    def do_write(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        call = _Call(args[0])
+        records = [b"x" * int(n) for n in args[1:]]
+        txids = [int(t) for t in kw["txids"].split(",")] if "txids" in kw else None
+        try:
+            seal = self._stream.accept(records, txids, stream_core.Waiter(call, len(records)))  # type: ignore[arg-type]
+        except (errors.BKError, ValueError, TypeError) as e:
+            return [f"refused: {type(e).__name__}: {e}"]
+        self.calls[call.name] = call
+        p = self._stream.pending
+        return [f"pending {len(p.records)} record(s), {p.size} bytes, last txid {self._stream.last_txid}: seal "
+                f"{seal.value}"]
+
+    def do_seal(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        """What the shell's _maybe_seal does: sets until the core holds the rest."""
+        core, out = self._stream, []
+        length = int(kw.get("length", 0))
+        while True:
+            step = core.next_set(length)
+            if step is None:
+                why = ("a roll" if core.rolling else "ZooKeeper paused" if core.suspended else
+                       f"the writer failed ({type(core.error).__name__})" if core.error else None)
+                out.append(f"held: {why}" if why and core.pending.records else "nothing pending")
+                return out
+            if step is stream_core.Room.WAIT:
+                out.append(f"wait for room: {core.inflight_bytes} bytes in flight")
+                return out
+            batch, payload = step
+            assert core.segment is not None
+            reason = core.sent(batch, len(payload), now=float(kw.get("now", 0)), ledger_length=length)
+            self.sets.append((batch, len(payload), core.segment.seq))
+            owners = " ".join(f"{w.fut.name}:{n}" for w, n in batch.owners)
+            out.append(f"set {len(self.sets) - 1}: txids {batch.records[0][0]}..{batch.records[-1][0]} "
+                       f"({owners}), {len(payload)} bytes")
+            if reason is not None:
+                core.rolling = True
+                out.append(f"roll ({reason.value})")
+
+    def do_acked(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        batch, size, seq = self.sets[int(args[0])]
+        out = self._settle(size, None)
+        batch.acked(seq, int(kw["entry"]))
+        return out + self._calls_ended()
+
+    def do_settle(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        batch, size, _seq = self.sets[int(args[0])]
+        exc = ERRORS[args[1]]("injected") if len(args) > 1 else None
+        out = self._settle(size, exc)
+        if exc is not None:
+            batch.fail(self._stream.set_failed(exc))
+        return out + self._calls_ended()
+
+    def _settle(self, size: int, exc: BaseException | None) -> list[str]:
+        core = self._stream
+        err = core.settled(size, exc)
+        if err is not None:
+            if core.error is None:
+                core.fail(err).fail(err)
+            return [f"writer stops: {type(err).__name__}"]
+        return ["idle: arm the control timer"] if core.idle else ["settled"]
+
+    def do_control(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        core = self._stream
+        payload = core.control()
+        if payload is None:
+            return ["no control entry"]
+        core.control_sent(len(payload))
+        self.sets.append((stream_core.RecordSet(), len(payload), core.segment.seq if core.segment else -1))
+        return [f"control entry {len(self.sets) - 1}: LAC of txid {core.seg_last_txid}, {len(payload)} bytes"]
+
+    def do_suspend(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        self._stream.suspended = True
+        return ["suspended"]
+
+    def do_resume(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        self._stream.suspended = False
+        return ["resumed"]
+
+    def do_roll_done(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        self._stream.rolling = False
+        return ["roll done"]
+
+    def do_stop(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        err = ERRORS[args[0]]("injected")
+        self._stream.fail(err).fail(err)
+        return [f"stopped: {type(err).__name__}"] + self._calls_ended()
+
+    def do_close_segment(self, args: list[str], kw: dict[str, str]) -> list[str]:
+        seg = self._stream.segment_closed(int(kw["last"]), int(kw["length"]), 0)
+        if seg is None:
+            return ["retire the segment: its ledger is empty"]
+        return [f"close segment {seg.seq}: txids {seg.first_txid}..{seg.last_txid}, {seg.records} record(s), "
+                f"last entry {seg.last_entry}, {seg.size_bytes} bytes"]
+
+
 def _cases(text: str) -> list[tuple[str, list[str], int, int]]:
     """(command line, expected lines, first and last line index of the expected block)."""
     lines = text.split("\n")
@@ -388,7 +535,7 @@ def test_each_core_mutation_fails_its_script(mutation: str) -> None:
 
 def test_the_scripts_exist_and_parse() -> None:
     """A glob that finds nothing, or a file without a case, would pass silently above."""
-    assert {p.parent.name for p in SCRIPTS} == {"writer", "recovery", "reads"}
+    assert {p.parent.name for p in SCRIPTS} == {"writer", "recovery", "reads", "stream"}
     for path in SCRIPTS:
         assert _cases(path.read_text()), f"{path} has no case"
 

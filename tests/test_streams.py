@@ -246,7 +246,7 @@ def test_writer_rides_through_a_zookeeper_restart_and_still_sees_a_takeover(clus
                 w2 = await other.open_writer("zk-restart")
                 await w2.write(b"taken over")
                 for _ in range(100):  # the re-set watch fires on the old lock node's deletion
-                    if w1._error is not None:
+                    if w1.error is not None:
                         break
                     await asyncio.sleep(0.05)
                 with pytest.raises(errors.StreamLockLostError, match="another writer took over"):

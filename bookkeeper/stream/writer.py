@@ -11,37 +11,28 @@ Lives in: the caller's event loop; ZooKeeper calls go through `BookKeeper.metada
 from __future__ import annotations
 
 import asyncio
-import bisect
-import dataclasses
-import functools
-import itertools
 import logging
-import operator
 import os
 import socket
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent
 
 from bookkeeper.client.ledger import WriteHandle
 from bookkeeper.errors import (BKError, ConfigError, InternalError, LedgerFencedError, MetadataVersionError,
-                               StreamLockLostError, TooLargeError, TxidOrderError, WriterClosedError)
+                               StreamLockLostError, WriterClosedError)
 from bookkeeper.meta.streams import Segment, StreamMeta, now_ms
 from bookkeeper.stream import recordset
-from bookkeeper.stream.policy import roll_reason
+from bookkeeper.stream.core import MAX_RECORD_BYTES, RecordSet, Room, Seal, StreamWriterCore, Waiter
 from bookkeeper.stream.position import Position
 
 if TYPE_CHECKING:
     from bookkeeper.stream.namespace import Namespace
 
 log = logging.getLogger(__name__)
-MAX_RECORD_BYTES = 4 * 1024 * 1024  # a record set must fit one 5 MiB frame with its headers
-_new_position = functools.partial(tuple.__new__, Position)  # Position from a 3-tuple at C speed
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,48 +65,6 @@ class WriterSettings:
         return self
 
 
-class _Waiter:
-    """One write or write_batch call: a future for all its records' positions.
-
-    Why not a future per record: at 100,000 records/s, creating, resolving and gathering
-    one future per record was most of the writer's CPU (profiled); a call's records are
-    consecutive, so a set acknowledges a run of them at once.
-    """
-
-    __slots__ = ("fut", "positions", "remaining")
-
-    def __init__(self, fut: asyncio.Future[list[Position]], count: int) -> None:
-        self.fut = fut
-        self.positions: list[Position] = []
-        self.remaining = count
-
-    def acked(self, seq: int, entry: int, first_slot: int, count: int) -> None:
-        self.positions.extend(map(_new_position, zip(repeat(seq), repeat(entry), range(first_slot, first_slot + count))))
-        self.remaining -= count
-        if self.remaining == 0 and not self.fut.done():
-            self.fut.set_result(self.positions)
-
-    def fail(self, err: BKError) -> None:
-        if not self.fut.done():
-            self.fut.set_exception(type(err)(str(err)))
-
-
-class _Pending:
-    """Records waiting to be sealed into the next set, and which calls they belong to
-    (`owners`: [waiter, count] runs, in record order)."""
-
-    __slots__ = ("records", "owners", "size")
-
-    def __init__(self) -> None:
-        self.records: list[tuple[int, bytes]] = []
-        self.owners: list[list[Any]] = []
-        self.size = 0
-
-    def fail(self, err: BKError) -> None:
-        for waiter, _ in self.owners:
-            waiter.fail(err)
-
-
 class StreamWriter:
     """Appends records to one stream; `await ns.open_writer(name)` makes one."""
 
@@ -126,31 +75,19 @@ class StreamWriter:
         self._s = settings
         self._clock = clock
         self._loop = asyncio.get_running_loop()
-        self._codec = recordset.CODECS[settings.compression]
+        self._core = StreamWriterCore(name, settings)  # the decisions (bookkeeper/stream/core.py)
         self._lock_node = ""
         # Set by open() before any record is accepted: the stream node as this writer last
-        # wrote it, the current segment's ledger and the segment itself.
+        # wrote it, and the current segment's ledger.
         self._meta: StreamMeta
         self._lh: WriteHandle
-        self._segment: Segment
-        self._seg_started = 0.0
-        self._seg_records = 0          # records sealed into the current segment
-        self._seg_first_txid = -1
-        self._seg_last_txid = -1
-        self._last_txid = -1
-        self._pending = _Pending()
         self._timer: asyncio.TimerHandle | None = None
         self._control_timer: asyncio.TimerHandle | None = None
-        self._control_due = False      # a data set was sent after the last control entry
         self._inflight: set[asyncio.Future[int]] = set()
-        self._inflight_bytes = 0
         self._room = asyncio.Event()
         self._waiting_room = False
         self._rolling: asyncio.Task[None] | None = None
-        self._suspended = False
         self._rewatch = False  # the lock watch was dropped with a connection: set it again when connected
-        self._error: BKError | None = None
-        self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- opening -----------------------------------------------------------------------
@@ -167,7 +104,7 @@ class StreamWriter:
             segments = await ns.segments(self.name)
             if segments and segments[-1].state == "open":
                 segments[-1] = await ns.recover_segment(self.name, segments[-1])
-            self._last_txid = next((s.last_txid for s in reversed(segments) if s.records > 0), -1)
+            self._core.last_txid = next((s.last_txid for s in reversed(segments) if s.records > 0), -1)
             await self._start_segment()
         except BaseException:
             await self._release()
@@ -223,20 +160,20 @@ class StreamWriter:
 
     def _lock_watch_dropped(self) -> None:
         self._rewatch = True
-        if not self._suspended:  # connected again before this ran
+        if not self._core.suspended:  # connected again before this ran
             self._spawn(self._watch_lock_again())
 
     async def _watch_lock_again(self) -> None:
         """The lock watch again after a reconnect: a lock node gone meanwhile (the session
         expired, or another writer took over) ends this writer, as the watch would have."""
-        if not self._rewatch or self._closed or self._error is not None:
+        if not self._rewatch or self._core.closed or self._core.error is not None:
             return
         self._rewatch = False
         try:
             watching = await self._ns.bk.metadata_call(self._ns.store.lock_watch, self._lock_node, self._on_lock_event)
         except BKError:
             self._rewatch = True  # disconnected again: the next reconnect tries again
-            if not self._suspended:  # or connected already (that reconnect has passed): try again soon
+            if not self._core.suspended:  # or connected already (that reconnect has passed): try again soon
                 self._loop.call_later(0.5, lambda: self._spawn(self._watch_lock_again()))
             return
         if not watching:
@@ -244,7 +181,7 @@ class StreamWriter:
                                                 f"ZooKeeper was unreachable; this writer writes no more"))
 
     def _lock_lost(self, err: StreamLockLostError) -> None:
-        if not self._closed:
+        if not self._core.closed:
             self._fail(err)
 
     def _on_zk_state(self, state: KazooState) -> None:
@@ -258,7 +195,7 @@ class StreamWriter:
 
     def _set_suspended(self, suspended: bool) -> None:
         """While ZooKeeper is unreachable no set is sent: the session may be expiring."""
-        self._suspended = suspended
+        self._core.suspended = suspended
         if not suspended:
             if self._rewatch:
                 self._spawn(self._watch_lock_again())
@@ -287,10 +224,8 @@ class StreamWriter:
             if not await self._segment_names(lh.ledger_id):
                 await self._drop_unused_ledger(lh.ledger_id)
             raise
-        self._lh, self._segment = lh, seg
-        self._seg_started, self._seg_records = self._clock(), 0
-        self._seg_first_txid = self._seg_last_txid = -1
-        self._control_due = False
+        self._lh = lh
+        self._core.segment_started(seg, self._clock())
 
     async def _segment_names(self, ledger_id: int) -> bool:
         """Whether a segment of the stream names ledger_id; True too when that cannot be read
@@ -314,52 +249,19 @@ class StreamWriter:
     async def write_batch(self, records: Sequence[bytes], txids: Sequence[int] | None = None) -> list[Position]:
         """Append records in order (sealed at once, no delay); their positions once all are acknowledged."""
         if not records:
-            self._check_usable()
+            self._core.check_usable()
             return []
         waiter = self._enqueue(records, txids)
         self._seal_now()
         return await waiter.fut
 
-    def _enqueue(self, records: Sequence[bytes], txids: Sequence[int] | None) -> _Waiter:
-        """Check everything first (bad input loses nothing and does not break the writer), then queue."""
-        self._check_usable()
-        if txids is not None and len(txids) != len(records):
-            raise ValueError(f"{len(txids)} txids for {len(records)} records")
-        last, limit = self._last_txid, MAX_RECORD_BYTES - recordset.RECORD_OVERHEAD - recordset.HEADER_BYTES
-        if not set(map(type, records)) <= {bytes}:  # the common case checked at C speed
-            for data in records:
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"record data must be bytes, not {type(data).__name__}")
-            records = [bytes(d) for d in records]
-        lengths = list(map(len, records))
-        if max(lengths) > limit:
-            raise TooLargeError(f"record of {max(lengths)} bytes is over the {limit}-byte record limit")
-        if txids is None:
-            chosen: Sequence[int] = range(last + 1, last + 1 + len(records))
-        else:
-            chosen = list(txids)
-            for t in chosen:
-                if not isinstance(t, int) or t <= last:
-                    raise TxidOrderError(f"txid {t!r} is not above the stream's last txid {last}: "
-                                         f"txids increase strictly")
-                last = t
-        waiter = _Waiter(self._loop.create_future(), len(records))
-        p = self._pending
-        p.records.extend(zip(chosen, records))
-        p.owners.append([waiter, len(records)])
-        p.size += sum(lengths) + recordset.RECORD_OVERHEAD * len(records)
-        self._last_txid = chosen[-1]
-        if p.size >= self._s.record_set_max_bytes:
+    def _enqueue(self, records: Sequence[bytes], txids: Sequence[int] | None) -> Waiter:
+        waiter = Waiter(self._loop.create_future(), len(records))
+        if self._core.accept(records, txids, waiter) is Seal.NOW:
             self._seal_now()
         elif self._timer is None:
             self._timer = self._loop.call_later(self._s.record_set_max_delay_ms / 1000.0, self._seal_now)
         return waiter
-
-    def _check_usable(self) -> None:
-        if self._error is not None:
-            raise type(self._error)(str(self._error))
-        if self._closed:
-            raise WriterClosedError(f"the writer of stream {self.name!r} is closed")
 
     def _seal_now(self) -> None:
         if self._timer is not None:
@@ -368,76 +270,41 @@ class StreamWriter:
         self._maybe_seal()
 
     def _maybe_seal(self) -> None:
-        """Send pending records as sets of at most record_set_max_bytes, unless a roll, a
-        ZooKeeper pause, a failure or the in-flight bound holds them (they stay in order)."""
-        while self._pending.records and self._rolling is None and not self._suspended and self._error is None:
-            if self._inflight_bytes >= self._s.max_inflight_bytes:
+        """Send the sets the core seals, until it holds the rest (a roll, a ZooKeeper pause, a
+        failure, the in-flight bound: they stay pending, in order)."""
+        while True:
+            step = self._core.next_set(self._lh.length)
+            if step is None:
+                return
+            if step is Room.WAIT:
                 if not self._waiting_room:
                     self._waiting_room = True
                     self._spawn(self._seal_when_room())
                 return
-            self._send_set(self._take_set())
+            self._send_set(*step)
 
-    def _take_set(self) -> _Pending:
-        """The longest prefix of the pending records (at least one) within record_set_max_bytes
-        and within what the segment may still take, so a large batch rolls at its limits."""
-        pending, s = self._pending, self._s
-        limit, max_n = s.record_set_max_bytes, len(pending.records)
-        if s.segment_max_bytes is not None:
-            limit = min(limit, s.segment_max_bytes - self._lh.length - self._inflight_bytes)
-        if s.segment_max_records is not None:
-            max_n = min(max_n, s.segment_max_records - self._seg_records)
-        n = max_n
-        if pending.size > limit:  # the longest prefix whose running size (with overheads) fits
-            sized = map(operator.add, map(len, map(itemgetter(1), pending.records[:max_n])),
-                        repeat(recordset.RECORD_OVERHEAD))
-            n = max(1, bisect.bisect_right(list(itertools.accumulate(sized)), limit))
-        if n == len(pending.records):
-            self._pending = _Pending()
-            return pending
-        size = sum(map(len, map(itemgetter(1), pending.records[:n]))) + recordset.RECORD_OVERHEAD * n
-        out = _Pending()
-        out.records, pending.records = pending.records[:n], pending.records[n:]
-        out.size, pending.size = size, pending.size - size
-        need = n
-        while need:
-            waiter, count = pending.owners[0]
-            take = min(count, need)
-            out.owners.append([waiter, take])
-            if take == count:
-                pending.owners.pop(0)
-            else:
-                pending.owners[0][1] = count - take
-            need -= take
-        return out
-
-    def _send_set(self, batch: _Pending) -> None:
-        payload = recordset.encode(batch.records, records_before=self._seg_records, codec=self._codec)
+    def _send_set(self, batch: RecordSet, payload: bytes) -> None:
         try:
             fut = self._lh.add_entry_async(payload)
         except BKError as e:
             self._fail(e)
             batch.fail(e)
             return
-        seq = self._segment.seq
-        if self._seg_records == 0:
-            self._seg_first_txid = batch.records[0][0]
-        self._seg_last_txid = batch.records[-1][0]
-        self._seg_records += len(batch.records)
-        self._control_due = True
+        core = self._core
+        assert core.segment is not None
+        seq = core.segment.seq
+        reason = core.sent(batch, len(payload), now=self._clock(), ledger_length=self._lh.length)
         self._track(fut, len(payload))
-        fut.add_done_callback(lambda f: self._on_set_acked(f, seq, batch.owners))
-        reason = roll_reason(records=self._seg_records, size_bytes=self._lh.length + self._inflight_bytes,
-                             age_s=self._clock() - self._seg_started, max_records=self._s.segment_max_records,
-                             max_bytes=self._s.segment_max_bytes, max_age_s=self._s.segment_max_age_s)
+        fut.add_done_callback(lambda f: self._on_set_done(f, seq, batch))
         if reason is not None:
             log.debug("stream %s: rolling segment %d (%s)", self.name, seq, reason.value)
+            core.rolling = True
             self._rolling = self._loop.create_task(self._roll())
             self._rolling.add_done_callback(self._roll_done)
 
     async def _seal_when_room(self) -> None:
         try:
-            while self._inflight_bytes >= self._s.max_inflight_bytes and self._error is None:
+            while self._core.inflight_bytes >= self._s.max_inflight_bytes and self._core.error is None:
                 self._room.clear()
                 await self._room.wait()
         finally:
@@ -445,37 +312,26 @@ class StreamWriter:
         self._maybe_seal()
 
     def _track(self, fut: asyncio.Future[int], size: int) -> None:
+        """An entry sent (a set or a control entry): the core settles it once answered."""
         self._inflight.add(fut)
-        self._inflight_bytes += size
 
         def done(f: asyncio.Future[int]) -> None:
             self._inflight.discard(f)
-            self._inflight_bytes -= size
             self._room.set()
-            if f.cancelled() or f.exception() is not None:
-                err = (f.exception() if not f.cancelled()
-                       else WriterClosedError("the add was cancelled: the writer closed"))
-                if isinstance(err, LedgerFencedError) and not isinstance(err, StreamLockLostError):
-                    err = StreamLockLostError(f"stream {self.name!r}: its segment was fenced by another writer "
-                                              f"(takeover); this writer writes no more")
-                self._fail(err if isinstance(err, BKError) else InternalError(f"a stream add failed: {err!r}"))
-            elif not self._inflight and self._control_due and not self._pending.records:
+            exc = (WriterClosedError("the add was cancelled: the writer closed") if f.cancelled()
+                   else f.exception())
+            err = self._core.settled(size, exc)
+            if err is not None:
+                self._fail(err)
+            elif self._core.idle:
                 self._arm_control()
         fut.add_done_callback(done)
 
-    def _on_set_acked(self, fut: asyncio.Future[int], seq: int, owners: list[list[Any]]) -> None:
+    def _on_set_done(self, fut: asyncio.Future[int], seq: int, batch: RecordSet) -> None:
         if fut.cancelled() or fut.exception() is not None:
-            exc = None if fut.cancelled() else fut.exception()
-            err = (self._error or (exc if isinstance(exc, BKError) else None)
-                   or WriterClosedError(f"the record set was not added: {exc!r}" if exc else
-                                        "the writer closed before the record set was added"))
-            for waiter, _ in owners:
-                waiter.fail(err)
+            batch.fail(self._core.set_failed(None if fut.cancelled() else fut.exception()))
             return
-        entry, slot = fut.result(), 0
-        for waiter, count in owners:
-            waiter.acked(seq, entry, slot, count)
-            slot += count
+        batch.acked(seq, fut.result())
 
     # -- LAC for tailing readers ----------------------------------------------------------
     def _arm_control(self) -> None:
@@ -486,19 +342,19 @@ class StreamWriter:
         """The writer went idle: one control entry carries the LAC of the last set to the bookies.
 
         Apache BookKeeper's LAC travels on the next add; without one, tailing readers would
-        not see an idle writer's last records until it wrote again (DistributedLog writes
-        control records for the same reason).
+        not see an idle writer's last records until it wrote again.
         """
         self._control_timer = None
-        if (self._inflight or self._pending.records or not self._control_due or self._rolling is not None
-                or self._suspended or self._error is not None or self._closed):
+        payload = self._core.control()
+        if payload is None:
             return
-        self._control_due = False
-        payload = recordset.encode_control(records_before=self._seg_records, last_txid=self._seg_last_txid)
         try:
-            self._track(self._lh.add_entry_async(payload), len(payload))
+            fut = self._lh.add_entry_async(payload)
         except BKError as e:
             self._fail(e)
+            return
+        self._core.control_sent(len(payload))
+        self._track(fut, len(payload))
 
     # -- rolling -------------------------------------------------------------------------
     async def _roll(self) -> None:
@@ -509,6 +365,7 @@ class StreamWriter:
 
     def _roll_done(self, task: asyncio.Task[None]) -> None:
         self._rolling = None
+        self._core.rolling = False
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()
             self._fail(err if isinstance(err, BKError) else InternalError(f"segment roll failed: {err!r}"))
@@ -522,28 +379,26 @@ class StreamWriter:
         if self._control_timer is not None:
             self._control_timer.cancel()
             self._control_timer = None
-        if self._error is not None:
-            raise self._error
-        lh, seg = self._lh, self._segment
+        core = self._core
+        if core.error is not None:
+            raise core.error
+        lh, seg = self._lh, core.segment
+        assert seg is not None
         await lh.close()
-        if lh.last_add_confirmed < 0:
+        closed = core.segment_closed(lh.last_add_confirmed, lh.length, now_ms())
+        if closed is None:
             await self._ns.retire_segment(self.name, seg)
             return
-        closed = dataclasses.replace(seg, state="closed", first_txid=self._seg_first_txid,
-                                     last_txid=self._seg_last_txid, last_entry=lh.last_add_confirmed,
-                                     records=self._seg_records, size_bytes=lh.length, closed_ms=now_ms())
-        self._segment = await self._ns.bk.metadata_call(self._ns.store.update_segment, self._ns.name, self.name,
-                                                        closed)
+        core.segment = await self._ns.bk.metadata_call(self._ns.store.update_segment, self._ns.name, self.name,
+                                                       closed)
 
     # -- failing and closing ---------------------------------------------------------------
     def _fail(self, err: BKError) -> None:
         """The writer is done: pending and future writes fail with err (in-flight sets settle as
         the bookies answer: an acknowledged one is durable and reported so)."""
-        if self._error is None:
-            self._error = err
+        if self._core.error is None:
             log.info("stream %s: writer stopped: %s", self.name, err)
-        pending, self._pending = self._pending, _Pending()
-        pending.fail(err)
+        self._core.fail(err).fail(err)
         self._room.set()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -559,34 +414,35 @@ class StreamWriter:
     async def flush(self) -> None:
         """Send what is pending now and wait for everything sent to be acknowledged."""
         self._seal_now()
-        while self._rolling is not None or self._inflight or self._pending.records:
+        while self._rolling is not None or self._inflight or self._core.pending.records:
             if self._rolling is not None:
                 await asyncio.gather(self._rolling, return_exceptions=True)
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             self._seal_now()
-            if self._error is not None:
+            if self._core.error is not None:
                 break
-        self._check_usable()
+        self._core.check_usable()
 
     async def close(self) -> None:
         """Flush, close the segment and release the lock. A fenced writer closes quietly."""
-        if self._closed:
+        core = self._core
+        if core.closed:
             return
         try:
-            if self._error is None:
+            if core.error is None:
                 await self.flush()
                 await self._close_segment()
         except LedgerFencedError:
             pass
         finally:
-            self._closed = True
+            core.closed = True
             for t in (self._timer, self._control_timer):
                 if t is not None:
                     t.cancel()
             await self._release()
-            if self._error is None:
-                self._error = WriterClosedError(f"the writer of stream {self.name!r} is closed")
+            if core.error is None:
+                core.error = WriterClosedError(f"the writer of stream {self.name!r} is closed")
 
     async def _release(self) -> None:
         self._ns.bk.store.zk.remove_listener(self._on_zk_state)
@@ -607,8 +463,13 @@ class StreamWriter:
     @property
     def last_txid(self) -> int:
         """The txid of the last record accepted (written or pending)."""
-        return self._last_txid
+        return self._core.last_txid
 
     @property
     def segment(self) -> Segment | None:
-        return self._segment
+        return self._core.segment
+
+    @property
+    def error(self) -> BKError | None:
+        """Why the writer stopped (None while it writes): every later call raises it."""
+        return self._core.error
