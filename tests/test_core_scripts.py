@@ -35,6 +35,7 @@ from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, LedgerSt
 from bookkeeper.meta.streams import Segment
 from bookkeeper.proto import Flag
 from bookkeeper.stream import core as stream_core
+from bookkeeper.stream.position import Position
 from bookkeeper.stream.writer import WriterSettings
 
 DATA = Path(__file__).parent / "data"
@@ -92,7 +93,7 @@ class _Call:
     def done(self) -> bool:
         return bool(self.outcome)
 
-    def set_result(self, positions: list[stream_core.Position]) -> None:
+    def set_result(self, positions: list[Position]) -> None:
         self.outcome = "done at " + " ".join(f"{p.segment}/{p.entry}/{p.slot}" for p in positions)
 
     def set_exception(self, err: BaseException) -> None:
