@@ -30,15 +30,16 @@ BOOL = (False, True)
 
 
 def oracle(readonly: bool, known: bool, owned: bool, entry_id: int, payload_len: int, header_matches: bool,
-           key_given: bool, key_matches: bool, fenced: bool, recovery: bool) -> AddDecision:
+           key_given: bool, key_matches: bool, fenced: bool, recovery: bool, tombstoned: bool) -> AddDecision:
     """The checks docs/protocol.md lists for ADD_ENTRY, one condition per answer, written apart from decide_add."""
     well_formed = entry_id >= 0 and payload_len >= 32 and header_matches and (known or owned)
     conditions = {
         ADD_READ_ONLY: readonly,
         ADD_BAD_REQUEST: not readonly and not well_formed,
-        ADD_CREATE: not readonly and well_formed and not known and key_given,
+        ADD_CREATE: not readonly and well_formed and not known and key_given and not tombstoned,
         ADD_UNAUTHORIZED: not readonly and well_formed and ((not known and not key_given) or (known and not key_matches)),
-        ADD_FENCED: not readonly and well_formed and known and key_matches and fenced and not recovery,
+        ADD_FENCED: not readonly and well_formed and ((known and key_matches and fenced and not recovery)
+                                                      or (not known and key_given and tombstoned)),
         ADD_OK: not readonly and well_formed and known and key_matches and (not fenced or recovery),
     }
     held = [d for d, cond in conditions.items() if cond]
@@ -47,19 +48,21 @@ def oracle(readonly: bool, known: bool, owned: bool, entry_id: int, payload_len:
 
 
 def test_decide_add_agrees_with_the_rules_on_every_combination() -> None:
-    """All 1,024 combinations of decide_add's inputs (key_matches only where a ledger is known
-    counts; it is given both ways everywhere): the oracle's answer, and every answer reached."""
+    """All 2,048 combinations of decide_add's inputs (key_matches only where a ledger is known
+    counts, a tombstone only where it is not; each is given both ways everywhere): the
+    oracle's answer, and every answer reached."""
     seen = set()
-    for readonly, known, owned, entry_id, payload_len, header, given, matches, fenced, recovery in itertools.product(
-            BOOL, BOOL, BOOL, (-1, 0), (31, 32), BOOL, BOOL, BOOL, BOOL, BOOL):
+    for readonly, known, owned, entry_id, payload_len, header, given, matches, fenced, recovery, tomb in \
+            itertools.product(BOOL, BOOL, BOOL, (-1, 0), (31, 32), BOOL, BOOL, BOOL, BOOL, BOOL, BOOL):
         matches = matches and known and given  # a key can only match a key the shard keeps
         fenced = fenced and known
+        tomb = tomb and not known  # a tombstone is of a ledger the shard no longer holds
         got = decide_add(readonly=readonly, known=known, owned=owned, entry_id=entry_id, payload_len=payload_len,
                          header_matches=header, key_given=given, key_matches=matches, fenced=fenced,
-                         recovery=recovery)
+                         recovery=recovery, tombstoned=tomb)
         assert got == oracle(readonly, known, owned, entry_id, payload_len, header, given, matches, fenced,
-                             recovery), (readonly, known, owned, entry_id, payload_len, header, given, matches,
-                                         fenced, recovery)
+                             recovery, tomb), (readonly, known, owned, entry_id, payload_len, header, given, matches,
+                                               fenced, recovery, tomb)
         seen.add(got)
     assert seen == {ADD_OK, ADD_CREATE, ADD_READ_ONLY, ADD_BAD_REQUEST, ADD_UNAUTHORIZED, ADD_FENCED}
 
@@ -75,7 +78,7 @@ def _payload(ledger_id: int, entry_id: int, kind: str) -> bytes:
 
 def test_the_c_add_path_takes_exactly_the_adds_decide_add_answers_ok_on_a_known_ledger(tmp_path: Path) -> None:
     """A two-shard bookie's shard 0, every combination of: ledger unknown and owned, unknown
-    and another shard's, known, known and fenced; the right key, another, none; RECOVERY_ADD
+    and another shard's, known, known and fenced, fenced and then deleted; the right key, another, none; RECOVERY_ADD
     or not; entry -1 or 0; a short payload, a matching header, a header naming another entry;
     read-only or not; the connection's add roles (both, write, recover, none). Each add on a
     fresh connection: its answer is decide_add's, and the C path took it exactly when that
@@ -103,11 +106,13 @@ def test_the_c_add_path_takes_exactly_the_adds_decide_add_answers_ok_on_a_known_
         server.dispatch = recording  # type: ignore[method-assign]
         cases = 0
         for state, key, recovery, entry_id, payload_kind, readonly, roles in itertools.product(
-                ("unknown", "foreign", "known", "fenced"), (KEY, OTHER_KEY, NO_KEY), BOOL, (-1, 0),
+                ("unknown", "foreign", "known", "fenced", "deleted"), (KEY, OTHER_KEY, NO_KEY), BOOL, (-1, 0),
                 ("short", "match", "other"), BOOL, (ADD_WRITE | ADD_RECOVER, ADD_WRITE, ADD_RECOVER, 0)):
             lid = next(foreign_ids if state == "foreign" else owned_ids)
-            if state in ("known", "fenced"):
-                storage.create_ledger(lid, KEY).fenced = state == "fenced"
+            if state in ("known", "fenced", "deleted"):
+                storage.create_ledger(lid, KEY).fenced = state != "known"
+            if state == "deleted":
+                storage.delete_ledger(lid, now=1.0)  # garbage-collected: a tombstone is left
             server.readonly = readonly
             conn, sock = BookieProtocol(server), Socket()
             conn.connection_made(sock)
@@ -117,7 +122,7 @@ def test_the_c_add_path_takes_exactly_the_adds_decide_add_answers_ok_on_a_known_
             expected = decide_add(readonly=readonly, known=state in ("known", "fenced"), owned=state != "foreign",
                                   entry_id=entry_id, payload_len=len(payload), header_matches=payload_kind == "match",
                                   key_given=key != NO_KEY, key_matches=key == KEY and state in ("known", "fenced"),
-                                  fenced=state == "fenced", recovery=recovery)
+                                  fenced=state == "fenced", recovery=recovery, tombstoned=state == "deleted")
             to_python.clear()
             conn.data_received(encode_request(Op.ADD_ENTRY, flags, 1, lid, entry_id, key, 0, payload))
             for _ in range(3):
@@ -135,7 +140,7 @@ def test_the_c_add_path_takes_exactly_the_adds_decide_add_answers_ok_on_a_known_
         storage.close()
         return cases
 
-    assert uvloop.run(main()) == 4 * 3 * 2 * 2 * 3 * 2 * 4
+    assert uvloop.run(main()) == 5 * 3 * 2 * 2 * 3 * 2 * 4
 
 
 def _fence_oracle(known: bool, given: bool, matches: bool) -> ReadDecision:

@@ -117,6 +117,31 @@ def test_an_orphan_log_is_deleted_at_open(tmp_path: Path) -> None:
     st.close()
 
 
+def test_a_fenced_ledger_deleted_leaves_a_tombstone_that_outlives_a_restart(tmp_path: Path) -> None:
+    """A ledger fenced here and then garbage-collected is remembered (apache/bookkeeper#4462):
+    the shard refuses its zombie writer's adds instead of making the ledger again. The
+    tombstone commits with the deletion, is there after a reopen, and goes once pruned; an
+    unfenced ledger deleted leaves none."""
+    st = _open(tmp_path)
+    _fill(st, range(1, 3), 1)
+    st.ledger(1).fenced = True
+    _checkpoint(st, 2)
+    st.delete_ledger(1, now=1000.0)
+    st.delete_ledger(2, now=1000.0)
+    assert st.tombstones == {1: 1000.0}
+    _checkpoint(st, 3)
+    st.close()
+    st = _open(tmp_path)
+    assert st.tombstones == {1: 1000.0} and st.ledger(1) is None and st.ledger(2) is None
+    assert st.prune_tombstones(before=999.0) == 0 and st.tombstones == {1: 1000.0}
+    assert st.prune_tombstones(before=1001.0) == 1 and st.tombstones == {}
+    _checkpoint(st, 4)
+    st.close()
+    st = _open(tmp_path)
+    assert st.tombstones == {}
+    st.close()
+
+
 def test_compaction_copies_live_entries_and_deletes_dead_logs(tmp_path: Path) -> None:
     """After 18 of 20 interleaved ledgers are deleted, a major pass leaves about the live bytes;
     re-added entries keep their newest copy; every live entry reads back, also after a reopen."""
@@ -307,3 +332,30 @@ def test_gc_reclaims_the_space_of_deleted_ledgers(cluster) -> None:
                 assert [e.data for e in got] == want, lid
 
     run(read_back())
+
+
+def test_a_zombie_writer_cannot_add_to_its_fenced_ledger_once_it_is_deleted_and_collected(cluster) -> None:
+    """apache/bookkeeper#4462 (Pulsar lost messages so): a writer keeps adding to its ledger
+    after another client fenced it (a recovery open), deleted it, and the bookie's GC dropped
+    it. The bookie must refuse the add as fenced, not make the ledger again and acknowledge
+    an entry nobody can read. Without the tombstone the add succeeds."""
+    from bookkeeper.client import BookKeeper
+    from bookkeeper.errors import LedgerFencedError
+
+    admin = f"http://127.0.0.1:{cluster.bookies[0].conf['http_port']}"
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as old, \
+                await BookKeeper.connect(cluster.metadata_uri) as new:
+            lh = await old.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1, password=b"z")
+            await lh.add_entry(b"before")
+            await (await new.open_ledger(lh.ledger_id, password=b"z", recovery=True)).close()
+            await new.delete_ledger(lh.ledger_id)
+            req = urllib.request.Request(f"{admin}/api/v1/bookie/gc", method="POST", data=b"")
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: json.load(urllib.request.urlopen(req, timeout=300)))
+            assert result["ledgers_deleted"] >= 1, result
+            with pytest.raises(LedgerFencedError):
+                await lh.add_entry(b"after")
+
+    run(main())

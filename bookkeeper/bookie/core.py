@@ -38,26 +38,32 @@ ADD_FENCED = AddDecision(Status.FENCED)
 
 def decide_add(*, readonly: bool, known: bool, owned: bool, entry_id: int, payload_len: int,
                header_matches: bool, key_given: bool, key_matches: bool, fenced: bool,
-               recovery: bool) -> AddDecision:
+               recovery: bool, tombstoned: bool = False) -> AddDecision:
     """One add (authorization by role is checked before, in `ShardServer.handle`).
 
     readonly: the shard takes no writes; known: it has the ledger's state; owned: the ledger
     id maps to this shard (shard_for_ledger, and within the id range); header_matches: the
     payload's entry header names this ledger and entry; key_given: the request carries a
     master key (not NO_KEY); key_matches: it equals the one the shard keeps (known only);
-    fenced: the shard fenced the ledger (recovery); recovery: the add has RECOVERY_ADD.
+    fenced: the shard fenced the ledger (recovery); recovery: the add has RECOVERY_ADD;
+    tombstoned: the ledger is unknown because it was fenced here and then deleted
+    (LedgerStorage.delete_ledger: its writer is a zombie).
 
     The order is the answer's precedence: a read-only shard refuses everything; a malformed
     add (negative entry id, a payload shorter than its header, a ledger of another shard, a
     header naming another entry) is a bad request before any key is looked at; an unknown
-    ledger is created by the first keyed add (it cannot be fenced yet); a wrong key is
-    refused before the fence is told, so a prober learns nothing of the ledger's state."""
+    ledger is created by the first keyed add (it cannot be fenced yet), unless it is a
+    fenced ledger's tombstone (fenced: the key is gone with the ledger, so any key is
+    refused as fenced and no key as unauthorized); a wrong key is refused before the fence
+    is told, so a prober learns nothing of the ledger's state."""
     if readonly:
         return ADD_READ_ONLY
     if entry_id < 0 or payload_len < ENTRY_HEADER_BYTES or not (known or owned) or not header_matches:
         return ADD_BAD_REQUEST
     if not known:
-        return ADD_CREATE if key_given else ADD_UNAUTHORIZED
+        if not key_given:
+            return ADD_UNAUTHORIZED
+        return ADD_FENCED if tombstoned else ADD_CREATE
     if not key_matches:
         return ADD_UNAUTHORIZED
     if fenced and not recovery:

@@ -799,7 +799,8 @@ class ShardServer:
                               owned=st is not None or not self._wrong_shard(ledger_id), entry_id=entry_id,
                               payload_len=len(payload), header_matches=header_matches, key_given=key != NO_KEY,
                               key_matches=self._key_matches(st, key),
-                              fenced=st is not None and st.fenced, recovery=bool(flags & _RECOVERY_ADD))
+                              fenced=st is not None and st.fenced, recovery=bool(flags & _RECOVERY_ADD),
+                              tombstoned=st is None and ledger_id in self.storage.tombstones)
         if decision.status != _OK:
             self.counters["add_errors"] += 1
             conn.respond((_ADD, decision.status, req_id, ledger_id, entry_id, -1, b""))

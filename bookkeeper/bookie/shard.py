@@ -14,7 +14,6 @@ import asyncio
 import ctypes
 import ctypes.util
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ import uvloop
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper.bookie import control
-from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
+from bookkeeper.bookie.gc import GarbageCollector, GcSettings
 from bookkeeper.bookie.journal import Journal, make_syncer
 from bookkeeper.bookie.journal.journal import Record, journal_pool_bytes, pool_files
 from bookkeeper.bookie.journal.syncer import AckBeforeSyncSyncer, Syncer
@@ -125,16 +124,21 @@ class Shard:
         self._checkpointing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._meta: ZkMetadataStore | None = None  # for garbage collection only
-        self._finder: DeletedLedgerFinder | None = None
-        self._gc_lock = asyncio.Lock()
-        self._compacting: asyncio.Future[Any] | None = None  # the worker thread's compaction, if any
-        self._last_minor = self._last_major = time.monotonic()
         self.failed: str | None = None  # why this shard can make nothing durable any more
         self._disks_checked = 0.0  # when _guard_disks last measured
         self.counters: dict[str, int] = dict.fromkeys(
             ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted",
              "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted",
              "journal_pool_released_bytes"), 0)
+        self.gc = GarbageCollector(
+            index, self.storage, self.loop, store=self._gc_store, checkpoint=self._checkpoint_committed,
+            settings=GcSettings(minor_threshold=cfg.minor_compaction_threshold,
+                                minor_interval_s=cfg.minor_compaction_interval_s,
+                                major_threshold=cfg.major_compaction_threshold,
+                                major_interval_s=cfg.major_compaction_interval_s,
+                                rate_bytes_s=cfg.compaction_rate_mb_s * 1e6),
+            clock=time.monotonic, wall_clock=time.time, should_stop=self._stopping.is_set, counters=self.counters,
+            observe_duration=self.server.histograms["compaction_duration_seconds"].observe)
 
     def _dir_writable(self, path: Path) -> bool:
         """May a new entry log go to this ledger dir (under the read-only threshold)?"""
@@ -280,8 +284,8 @@ class Shard:
             conn.close()
         for task in periodic:
             task.cancel()
-        if self._compacting is not None:
-            await asyncio.gather(self._compacting, return_exceptions=True)
+        if self.gc.compacting is not None:
+            await asyncio.gather(self.gc.compacting, return_exceptions=True)
         await self.journal.drain()
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
@@ -373,53 +377,16 @@ class Shard:
                 "trust_reload_failures": {kind: f.reload_failures for kind, f in files.items() if f is not None}}
 
     async def garbage_collect(self, *, force: bool = False) -> dict[str, Any]:
-        """One GC pass: drop deleted ledgers (committed by a checkpoint), then compact if due.
+        """One GC pass (bookie/gc.py, GarbageCollector): drop deleted ledgers, compact if due."""
+        return await self.gc.run(force=force)
 
-        Passes never overlap: an operator's forced pass waits for a periodic one and then runs.
-        """
-        async with self._gc_lock:
-            t0 = time.monotonic()
-            gone = await self._drop_deleted()
-            now = time.monotonic()
-            plan = compaction_plan(now, last_minor=self._last_minor, last_major=self._last_major, force=force,
-                                   minor_threshold=self.cfg.minor_compaction_threshold,
-                                   minor_interval_s=self.cfg.minor_compaction_interval_s,
-                                   major_threshold=self.cfg.major_compaction_threshold,
-                                   major_interval_s=self.cfg.major_compaction_interval_s)
-            result: dict[str, Any] = {"shard": self.index, "ledgers_deleted": len(gone), "compaction": None,
-                                      "logs_compacted": 0, "logs_deleted": 0, "entries_copied": 0,
-                                      "bytes_copied": 0, "bytes_reclaimed": 0}
-            if plan is not None:
-                result.update(await self._compact(*plan))
-                self._last_minor = now
-                if plan[0] == "major":
-                    self._last_major = now
-            result["duration_s"] = round(time.monotonic() - t0, 3)
-            return result
-
-    async def _drop_deleted(self) -> list[int]:
-        """Forget the ledgers whose metadata is gone, and commit that before compaction looks."""
-        held = list(self.storage.ledgers)
-        if not held:
-            return []
-
-        def find() -> list[int]:
-            if self._meta is None:  # one ZooKeeper session per shard, made on first use and kept
-                self._meta = ZkMetadataStore(self.cfg.metadata_uri, create=False,
-                                             session_timeout_ms=self.cfg.zk_session_timeout_ms,
-                                             security=zk_security_from(self.cfg))
-                self._finder = DeletedLedgerFinder(self._meta)
-            assert self._finder is not None
-            return self._finder.find(held)[0]
-
-        gone = await self.loop.run_in_executor(None, find)
-        for lid in gone:
-            self.storage.delete_ledger(lid)
-        if gone:
-            log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
-            self.counters["gc_ledgers_deleted"] += len(gone)
-            await self._checkpoint_committed()
-        return gone
+    def _gc_store(self) -> ZkMetadataStore:
+        """One ZooKeeper session per shard for GC, made on first use (in the worker thread) and kept."""
+        if self._meta is None:
+            self._meta = ZkMetadataStore(self.cfg.metadata_uri, create=False,
+                                         session_timeout_ms=self.cfg.zk_session_timeout_ms,
+                                         security=zk_security_from(self.cfg))
+        return self._meta
 
     async def _checkpoint_committed(self) -> None:
         """A checkpoint that starts after this call, run to its commit: a running one may have
@@ -429,25 +396,6 @@ class Shard:
         self.request_checkpoint()
         assert self._checkpointing is not None
         await asyncio.shield(self._checkpointing)
-
-    async def _compact(self, kind: str, threshold: float) -> dict[str, Any]:
-        """Compact entry logs under `threshold` live share in a worker thread, throttled."""
-        rate = self.cfg.compaction_rate_mb_s * 1e6
-        self._compacting = self.loop.run_in_executor(None, functools.partial(
-            self.storage.compact, threshold, rate_bytes_s=rate, should_stop=self._stopping.is_set))
-        res = await asyncio.shield(self._compacting)  # a stop waits for the thread, never abandons it
-        self.storage.release_logs(res.retired)
-        self.counters["compaction_bytes_copied"] += res.bytes_copied
-        self.counters["compaction_bytes_reclaimed"] += res.bytes_reclaimed
-        self.counters["compaction_logs_deleted"] += res.logs_compacted + res.logs_deleted
-        self.server.histograms["compaction_duration_seconds"].observe(res.duration_s)
-        if res.logs_compacted or res.logs_deleted:
-            log.info("shard %d: %s compaction: %d log(s) compacted, %d deleted, %d bytes copied, %d reclaimed "
-                     "in %.2fs", self.index, kind, res.logs_compacted, res.logs_deleted, res.bytes_copied,
-                     res.bytes_reclaimed, res.duration_s)
-        return {"compaction": kind, "logs_compacted": res.logs_compacted, "logs_deleted": res.logs_deleted,
-                "entries_copied": res.entries_copied, "bytes_copied": res.bytes_copied,
-                "bytes_reclaimed": res.bytes_reclaimed}
 
 
 def die_with_parent(parent_pid: int) -> None:

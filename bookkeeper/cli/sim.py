@@ -103,7 +103,7 @@ def _report(result: Any, cpu: float, commit: str, args: argparse.Namespace) -> d
     report: dict[str, Any] = {
         "seed": cfg.seed, "ops": cfg.ops, "commit": commit, "config": cfg.describe(), "mutation": args.mutation,
         "acked": result.acked, "adds": result.adds, "ledgers": result.ledgers, "closed": result.closed,
-        "recoveries": result.recoveries, "reads": result.reads, "tails": result.tails,
+        "recoveries": result.recoveries, "reads": result.reads, "tails": result.tails, "deleted": result.deleted,
         "stream_records_acked": result.stream_acked, "faults": result.faults,
         "simulated_s": round(result.sim_seconds, 6), "cpu_s": round(cpu, 3),
         "cpu_us_per_add": round(cpu / result.acked * 1e6, 1) if result.acked else None,
@@ -123,6 +123,7 @@ def _print(report: dict[str, Any], result: Any) -> None:
                 ("ledgers (closed by writer)", f"{report['ledgers']} ({report['closed']})"),
                 ("recoveries", report["recoveries"]), ("reads", report["reads"]),
                 ("tails (to a close)", report["tails"]),
+                ("ledgers deleted (checked first)", report["deleted"]),
                 ("stream records acknowledged", report["stream_records_acked"]), ("faults", faults),
                 ("simulated time", f"{report['simulated_s']:.3f} s"),
                 ("CPU", f"{report['cpu_s']:.2f} s ({report['cpu_us_per_add']} us per acknowledged add)"),

@@ -86,7 +86,11 @@ class LedgerStorage:
         self.db_ledgers = self.env.open_db(b"ledgers")
         self.db_meta = self.env.open_db(b"meta")
         self.db_logs = self.env.open_db(b"logs")
+        self.db_tombstones = self.env.open_db(b"tombstones")
         self.ledgers: dict[int, LedgerState] = {}
+        # Ledgers fenced here and then deleted -> when (wall clock): an add to one is refused as
+        # fenced, not taken as a new ledger (delete_ledger says why). Committed with the deletion.
+        self.tombstones: dict[int, float] = {}
         self.write_cache: dict[tuple[int, int], bytes] = {}
         self.write_cache_bytes = 0
         self._flushing: dict[tuple[int, int], bytes] = {}
@@ -101,6 +105,9 @@ class LedgerStorage:
                 lid = struct.unpack(">Q", k)[0]
                 self.ledgers[lid] = LedgerState(key, bool(fenced), lac, last)
                 self._persisted[lid] = (key, bool(fenced), lac, last)
+        with self.env.begin(db=self.db_tombstones) as txn:
+            for k, v in txn.cursor():
+                self.tombstones[struct.unpack(">Q", k)[0]] = struct.unpack(">d", v)[0]
         self.logs: dict[int, LogInfo] = {}
         self._paths: dict[int, Path] = {}  # every log an index entry may point into, set before it may
         files = self._log_files()
@@ -383,19 +390,43 @@ class LedgerStorage:
         return _MARK.unpack(v) if v else (0, 0)
 
     # -- deletion ----------------------------------------------------------
-    def delete_ledger(self, ledger_id: int) -> None:
+    def delete_ledger(self, ledger_id: int, now: float = 0.0) -> None:
         """Forget a ledger whose metadata is gone: at once in memory, on disk at the next checkpoint.
 
         Why through the checkpoint: the deletion commits in the same LMDB transaction that
         writes the index, so an in-flight flush can never write the ledger back.
+
+        A ledger fenced here leaves a tombstone (now: the wall clock): it was fenced because
+        another client took it over, so a writer still adding to it is a zombie, and an add of
+        it must stay refused rather than make the ledger again, which would acknowledge
+        entries of a deleted ledger (apache/bookkeeper#4462: Pulsar lost messages so, when a
+        new owner deleted the last, empty ledger of a topic its old owner still wrote to;
+        the stream takeover here does the same). Apache keeps these in memory for a week;
+        here they survive a restart too (prune_tombstones ends them).
         """
-        self.ledgers.pop(ledger_id, None)
+        st = self.ledgers.pop(ledger_id, None)
+        if st is not None and st.fenced:
+            self.tombstones[ledger_id] = now
         for key in [k for k in self.write_cache if k[0] == ledger_id]:
             self.write_cache_bytes -= len(self.write_cache.pop(key)) + ENTRY_OVERHEAD_BYTES
         self._pending_deletes.add(ledger_id)
 
+    def prune_tombstones(self, before: float) -> int:
+        """Forget tombstones made before `before` (wall clock), on disk at the next checkpoint."""
+        old = [lid for lid, at in self.tombstones.items() if at < before]
+        for lid in old:
+            del self.tombstones[lid]
+            self._pending_deletes.add(lid)
+        return len(old)
+
     def _delete_in(self, txn: lmdb.Transaction, ledger_id: int) -> None:
-        txn.delete(struct.pack(">Q", ledger_id), db=self.db_ledgers)
+        key = struct.pack(">Q", ledger_id)
+        txn.delete(key, db=self.db_ledgers)
+        at = self.tombstones.get(ledger_id)
+        if at is None:
+            txn.delete(key, db=self.db_tombstones)
+        else:
+            txn.put(key, struct.pack(">d", at), db=self.db_tombstones)
         cur = txn.cursor(db=self.db_index)
         if cur.set_range(_IDX_KEY.pack(ledger_id, 0)):
             while cur.key() and _IDX_KEY.unpack(cur.key())[0] == ledger_id:

@@ -29,6 +29,7 @@ MUTATIONS: dict[str, str] = {
     "no-resend-to-replaced": "an ensemble change does not resend outstanding entries to the new bookie",
     "no-replacement-on-late-failure": "a bookie failing an entry already acknowledged without it stays",
     "replaced-bookie-acks-count": "an OK a bookie gave before it failed still counts once a change replaces it",
+    "gc-stale-listing": "garbage collection keeps a bucket's listing after the bucket changed (pzxid ignored)",
     "recovery-from-interrupted-segments": "recovery reads the segments an interrupted recovery wrote",
     "recovery-below-last-segment": "recovery starts at the fenced LAC even below the writer's last segment (#2615)",
 }
@@ -106,6 +107,16 @@ def _forget_writer_segments() -> contextlib.AbstractContextManager[None]:
     return _patched(recovery, "recovery_proposal", proposal)
 
 
+def _stale_listing() -> contextlib.AbstractContextManager[None]:
+    from bookkeeper.bookie.gc import DeletedLedgerFinder
+    original = DeletedLedgerFinder._listed
+
+    def listed(self: Any, bucket: str, stats: Any) -> Any:
+        cached = self._buckets.get(bucket)
+        return cached[1] if cached is not None else original(self, bucket, stats)
+    return _patched(DeletedLedgerFinder, "_listed", listed)
+
+
 @contextlib.contextmanager
 def applied(name: str | None) -> Iterator[None]:
     """The production code with mutation `name` swapped in (none: unchanged)."""
@@ -142,6 +153,8 @@ def applied(name: str | None) -> Iterator[None]:
         patch = _patched(journal, "replay_step", step)
     elif name == "no-replacement-on-late-failure":
         patch = _patched(writer.WriterCore, "still_writing_to", lambda *_a: False)
+    elif name == "gc-stale-listing":
+        patch = _stale_listing()
     elif name == "replaced-bookie-acks-count":
         patch = _patched(writer.WriterCore, "forget_failed_copies", lambda *_a: None)
     elif name == "recovery-from-interrupted-segments":

@@ -78,6 +78,7 @@ class LedgerTruth:
     closed_at: int | None = None  # the last entry of its first close
     ok: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))  # entry -> bookies that said OK
     prefix: int = -1  # every entry up to here was answered OK by >= Qa bookies
+    deleted: bool = False  # the workload deleted it (or tried: a lost reply hides the outcome)
 
 
 class _Tap:
@@ -112,6 +113,8 @@ class Oracle:
         self.on_recovery_add: Any = lambda _bookie, _ledger: False  # a ledger's first rewrite at a bookie: True loses it
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
         self.on_read: Any = lambda _bookie, _ledger: None  # an entry read arrives
+        self.on_add: Any = lambda _bookie, _ledger: None  # a plain add of a ledger in `watched` arrives
+        self.watched: set[int] = set()
         self._rewritten: set[tuple[str, int]] = set()
         self._last_ensembles: dict[int, list[str]] = {}  # ledger -> its last segment's bookies, as written
         self._left: dict[tuple[int, str], float] = {}  # (ledger, bookie) -> when a write took it out of that
@@ -179,6 +182,8 @@ class Oracle:
                 lose = True
             if op == _READ:
                 self.on_read(tap.bookie, ledger_id)
+            elif op == _ADD and ledger_id in self.watched:
+                self.on_add(tap.bookie, ledger_id)
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:
                 self._rewritten.add((tap.bookie, ledger_id))
                 if self.on_recovery_add(tap.bookie, ledger_id):

@@ -10,7 +10,9 @@ listen) and their checkpoints are `bookkeeper.bookie.shard.checkpoint`. Clients 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import os
@@ -21,15 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bookkeeper.bookie.gc import GarbageCollector, GcSettings
 from bookkeeper.bookie.journal.journal import Journal
 from bookkeeper.bookie.server import BookieProtocol, ShardServer
 from bookkeeper.bookie.shard import apply_records, checkpoint
 from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
 from bookkeeper.client.client import BookKeeper
 from bookkeeper.client.config import ClientConfig
+from bookkeeper.client.core.quorum import write_set
 from bookkeeper.errors import BKError, StreamExistsError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
-from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.meta.zk import ZkMetadataStore, ledger_path
 from bookkeeper.proto import shard_for_ledger
 from bookkeeper.stream.namespace import Namespace
 from bookkeeper.stream.reader import StreamReader
@@ -40,6 +44,11 @@ from bookkeeper.testing.sim.oracle import KEEP_LIMIT_ZK_TROUBLE_S, LedgerTruth, 
 from bookkeeper.testing.sim.zk import SimZooKeeper
 
 URI = "zk://sim:2181/ledgers"
+ROOT = "/ledgers"
+# Entry logs roll at 64 KiB so a run has rolled logs for compaction to work on; GC passes
+# every 0.5-1.5 s, a minor compaction due each second, a major one every 5.
+ENTRY_LOG_BYTES = 64 << 10
+GC_SETTINGS = GcSettings(minor_threshold=0.2, minor_interval_s=1.0, major_threshold=0.8, major_interval_s=5.0)
 PASSWORD = b"sim"
 WALL_EPOCH = 1.8e9  # the wall clock's reading at virtual time 0 (token expiry reads wall time)
 # How often each fault kind is drawn (kinds of _faults, in order): ZooKeeper's are rarer, as a
@@ -139,11 +148,14 @@ class SimShard:
         self.syncer: SimSyncer | None = None
         self.last_syncer: SimSyncer | None = None  # the device of the incarnation that crashed
         self.last_mark = (0, 0)  # its checkpoint mark: replay starts there
+        self.gc: GarbageCollector | None = None
+        self._checkpointing = asyncio.Lock()  # the periodic checkpoint and GC's never overlap
 
     async def start(self) -> None:
         w = self.bookie.world
         loop = w.loop
-        self.storage = storage = LedgerStorage(self.dir / "ledgers", map_size=1 << 26)
+        self.storage = storage = LedgerStorage(self.dir / "ledgers", map_size=1 << 26,
+                                               entry_log_max_bytes=ENTRY_LOG_BYTES)
         self.server = ShardServer(storage=self.storage, shard_index=self.index, shards=w.cfg.shards,
                                   max_frame_bytes=5 << 20, readonly=False, data_dir=str(self.dir / "ledgers"),
                                   clock=loop.time, wall_clock=lambda: WALL_EPOCH + loop.time())
@@ -157,6 +169,10 @@ class SimShard:
         self.journal.replay(storage.checkpoint_mark(), lambda recs: apply_records(storage, recs))
         self.journal.start()
         await checkpoint(loop, self.storage, self.journal, self.server)
+        self.gc = GarbageCollector(self.index, storage, loop, store=lambda: self.bookie.store,
+                                   checkpoint=self.checkpoint, settings=GC_SETTINGS, clock=loop.time,
+                                   wall_clock=lambda: WALL_EPOCH + loop.time(), should_stop=lambda: False, counters=collections.Counter(),
+                                   observe_duration=lambda _s: None)
         server = self.server
         w.net.listen(self.bookie.name, self.bookie.name, self.port, lambda: BookieProtocol(server))
 
@@ -170,11 +186,16 @@ class SimShard:
             self.bookie.world.trace(f"{self.bookie.id} shard {self.index}: journal failed ({err}), read-only")
 
     async def checkpoint(self) -> None:
-        if self.storage is not None and self.journal is not None and self.server is not None:
-            await checkpoint(self.bookie.world.loop, self.storage, self.journal, self.server)
+        """A checkpoint started after this call, run to its commit (after one running now)."""
+        async with self._checkpointing:
+            if self.storage is not None and self.journal is not None and self.server is not None:
+                await checkpoint(self.bookie.world.loop, self.storage, self.journal, self.server)
 
     def crash(self, torn: bool) -> int:
         n = 0
+        if self.gc is not None and self.gc.compacting is not None:
+            self.gc.compacting.cancel()  # a compaction not started yet dies with the process
+        self.gc = None
         if self.syncer is not None:
             n = self.syncer.crash() if torn else 0
             self.syncer.close()
@@ -240,9 +261,10 @@ class SimBookie:
                 shard.crash(torn=False)  # what opened closes: the next start opens it again
             raise
         if self.starts > 1:
-            w.oracle.restarted(self.id, self._holds)
+            # A deleted ledger's entries may be gone (garbage collection): not a loss.
+            w.oracle.restarted(self.id, lambda lid, eid: self._holds(lid, eid) or not w.has_metadata(lid))
             for (bookie, ledger_id) in sorted(w.oracle.fenced):
-                if bookie == self.id and not self._fenced(ledger_id):
+                if bookie == self.id and w.has_metadata(ledger_id) and not self._fenced(ledger_id):
                     w.oracle.fail("fence-lost", f"{self.id} answered a fence for ledger {ledger_id} but holds it "
                                   f"unfenced after its restart")
         while self.store is None:
@@ -257,7 +279,7 @@ class SimBookie:
         await self._register()
         self.up = True
         self.rotted = False  # started anyway: the damage was not where replay reads
-        self.tasks = [w.spawn(self.name, self._checkpoints())]
+        self.tasks = [w.spawn(self.name, self._checkpoints()), w.spawn(self.name, self._collect())]
         w.trace(f"{self.id} up (start {self.starts})")
 
     def _shard_of(self, ledger_id: int) -> SimShard:
@@ -294,6 +316,31 @@ class SimBookie:
                     await shard.checkpoint()
                 except Exception as e:  # noqa: BLE001 - as the shard's: logged, retried next time
                     self.world.trace(f"{self.id} checkpoint failed: {e}")
+
+    async def _collect(self) -> None:
+        """Garbage collection passes, as a shard's (every 0.5-1.5 s here): ledgers deleted from
+        the metadata are dropped, entry logs compacted. A ledger dropped while its metadata
+        exists is the violation gc-dropped-live."""
+        w = self.world
+        rng = w.rng_for(f"gc:{self.name}:{self.starts}")
+        while True:
+            await asyncio.sleep(rng.uniform(0.5, 1.5))
+            for shard in self.shards:
+                if shard.gc is None:
+                    continue
+                try:
+                    result = await shard.gc.run()
+                except Exception as e:  # noqa: BLE001 - as the shard's: logged, tried again next pass
+                    w.trace(f"{self.id} gc pass failed: {type(e).__name__}")
+                    continue
+                for lid in shard.gc.last_dropped:
+                    w.oracle.checks += 1
+                    if w.has_metadata(lid):
+                        w.oracle.fail("gc-dropped-live", f"{self.id} garbage-collected ledger {lid}, whose metadata "
+                                      f"exists")
+                if result["ledgers_deleted"] or result["logs_compacted"] or result["logs_deleted"]:
+                    w.trace(f"{self.id} gc: {result['ledgers_deleted']} ledger(s) dropped, "
+                            f"{result['logs_compacted']} log(s) compacted, {result['logs_deleted']} deleted")
 
     def rot(self) -> None:
         """Damage a synced block of one shard's journal (while down, after crash)."""
@@ -338,6 +385,7 @@ class LateAdds:
     writer: str
     victim: str  # the bookie whose fence is lost and whose adds from the writer are held
     until: float  # when those adds arrive
+    sent: asyncio.Event = field(default_factory=asyncio.Event)  # an add of it reached another bookie of the ensemble
 
 
 @dataclass
@@ -353,6 +401,7 @@ class Result:
     recoveries: int
     reads: int
     tails: int
+    deleted: int
     stream_acked: int
     faults: dict[str, int]
     sim_seconds: float
@@ -381,6 +430,7 @@ class World:
         self.oracle.on_recovery_add = self._recovery_add
         self.oracle.on_fence = self._fence_arrives
         self.oracle.on_read = self._read_arrives
+        self.oracle.on_add = self._add_arrives
         self.zk_cut: set[str] = set()
         self.bookies = [SimBookie(self, i) for i in range(cfg.bookies)]
         self.writers = [Writer(f"writer{i}") for i in range(cfg.writers)]
@@ -400,7 +450,7 @@ class World:
         self.healed = False
         self._fault_tasks: list[asyncio.Task[Any]] = []
         self.counts = {"adds": 0, "acked": 0, "ledgers": 0, "closed": 0, "recoveries": 0, "reads": 0, "tails": 0,
-                       "stream_records": 0, "stream_acked": 0}
+                       "deleted": 0, "stream_records": 0, "stream_acked": 0}
         self._tasks: list[asyncio.Task[Any]] = []
         self.clients: list[BookKeeper] = []
         exec_rng = self.rng_for("executor")
@@ -642,8 +692,11 @@ class World:
             self.loop.call_later(self._chaos.uniform(0.0, 0.02), self._crash_one_of, lid)
         elif chaos < 0.6:
             self._lose_fences(lid)
-        elif chaos < 0.8 and self._late_adds(lid):
+        elif chaos < 0.9 and self._late_adds(lid):
             dies_after = None  # the race needs the recovery to finish
+            with contextlib.suppress(TimeoutError):  # an add in flight first (0.3 s at most)
+                async with asyncio.timeout(0.3):
+                    await self._late[lid].sent.wait()
         if self.cfg.faults and lid not in self._late and self._chaos.random() < 0.5:
             bookies = sorted({b for segment in self._segments.get(lid, {}).values() for b in segment})
             self._slow_reads[lid] = set(self._chaos.sample(bookies, self._chaos.randint(0, len(bookies))))
@@ -669,16 +722,21 @@ class World:
             self._fences_to_lose.pop(lid, None)
             self._late.pop(lid, None)
             self._slow_reads.pop(lid, None)
+            self.oracle.watched.discard(lid)
         self.counts["recoveries"] += 1
         self.oracle.closed(truth, rh.last_add_confirmed, "a recovery")
         self.trace(f"L{lid} recovered, closed at {rh.last_add_confirmed}")
         return True
 
     async def _reader(self, bk: BookKeeper) -> None:
-        """Reads of acknowledged entries (open without recovery, read up to the LAC)."""
+        """Reads of acknowledged entries (open without recovery, read up to the LAC); one time
+        in five, a closed ledger checked whole and deleted instead."""
         rng = self.rng_for("reader")
         while not self.done:
             await asyncio.sleep(rng.expovariate(1 / 0.3))
+            if rng.random() < 0.2:
+                await self._delete(bk, rng)
+                continue
             candidates = sorted(lid for lid, t in self.oracle.ledgers.items() if t.acked >= 0)
             if not candidates:
                 continue
@@ -698,6 +756,39 @@ class World:
             self.counts["reads"] += 1
             for entry in entries:
                 self.oracle.read(truth, entry.entry_id, bytes(entry.data), lac)
+
+    async def _delete(self, bk: BookKeeper, rng: random.Random) -> None:
+        """A closed ledger read back whole and checked (as the final check does), then deleted:
+        the bookies' garbage collection drops it and compaction reclaims its logs."""
+        closed = sorted(lid for lid, t in self.oracle.ledgers.items()
+                        if t.closed_at is not None and not t.deleted and lid not in self.open_ledgers)
+        if not closed:
+            return
+        lid = rng.choice(closed)
+        truth = self.oracle.ledgers[lid]
+        try:
+            rh = await bk.open_ledger(lid, password=PASSWORD, recovery=False)
+            last = rh.last_add_confirmed
+            entries = await rh.read(0, last) if last >= 0 else []
+        except BKError as e:
+            self.trace(f"L{lid} not deleted: its read failed ({type(e).__name__})")
+            return
+        self.oracle.closed(truth, last, "a read before its deletion")
+        self.oracle.replicated(truth, rh.metadata)
+        for entry in entries:
+            self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
+        truth.deleted = True  # from now on its entries may go (a lost reply hides whether the delete happened)
+        try:
+            await bk.delete_ledger(lid)
+        except BKError as e:
+            self.trace(f"L{lid} delete failed: {type(e).__name__}")
+            return
+        self.counts["deleted"] += 1
+        self.trace(f"L{lid} deleted")
+
+    def has_metadata(self, ledger_id: int) -> bool:
+        """Whether the ledger's metadata exists now (the simulated ZooKeeper's tree, read directly)."""
+        return ledger_path(ROOT, ledger_id) in self.zk.nodes
 
     async def _tailer(self, bk: BookKeeper) -> None:
         """Tails of open ledgers as they are written (long polls at the head, the metadata
@@ -941,20 +1032,36 @@ class World:
         writer = next((w for w in self.writers if w.handle is not None and w.handle.ledger_id == lid), None)
         if writer is None or self.healed or self.cfg.ack_quorum < 2:
             return False
-        ensemble = [b for b in self.bookies if b.id in writer.handle.metadata.last_ensemble]
+        md = writer.handle.metadata
+        ensemble = [b for b in self.bookies if b.id in md.last_ensemble]
         if not all(b.up for b in ensemble) or any(self.net.link(a, b.name).held or self.net.link(b.name, a).held
                                                   for b in ensemble for a in (writer.name, "recoverer")):
             return False
-        victim = self._chaos.choice(ensemble)
-        span = self._chaos.uniform(0.02, 0.3)
+        # A bookie of the write set of the writer's first entry not acknowledged (in flight, or
+        # the next it sends): recovery reads that entry first.
+        first = writer.handle.last_add_confirmed + 1
+        slots = write_set(first, md.ensemble_size, md.write_quorum)
+        victim = self._chaos.choice([b for b in ensemble if b.id in {md.last_ensemble[i] for i in slots}])
+        span = self._chaos.uniform(0.1, 0.45)  # under the add timeout (0.5 s): the writer keeps the bookie
         self._fences_to_lose[lid] = {victim.id}
-        self._late[lid] = LateAdds(writer.name, victim.id, self.loop.time() + span)
-        self._slow_reads[lid] = {b.id for b in ensemble if b is not victim}  # so the victim answers first
+        race = self._late[lid] = LateAdds(writer.name, victim.id, self.loop.time() + span)
+        others = [b for b in ensemble if b is not victim]
+        self._slow_reads[lid] = {b.id for b in others}  # so the victim answers first
         self.net.hold(writer.name, victim.name)
         self.loop.call_later(span, self.net.release, writer.name, victim.name)
+        if writer.handle.outstanding:
+            race.sent.set()
+        else:
+            self.oracle.watched.add(lid)  # the recovery starts once the writer's next add is out
         self.trace(f"{writer.name}'s adds to {victim.id} held for {span:.3f} s (L{lid}'s recovery)")
         self.faults["late-adds"] = self.faults.get("late-adds", 0) + 1
         return True
+
+    def _add_arrives(self, bookie: str, ledger_id: int) -> None:
+        """A watched ledger's add reaches a bookie: in #2614's race, the recovery may start."""
+        race = self._late.get(ledger_id)
+        if race is not None and bookie != race.victim:
+            race.sent.set()
 
     def _read_arrives(self, bookie: str, ledger_id: int) -> None:
         """An entry read reaches a bookie. Half of all recoveries (and every #2614 race) have
@@ -1084,6 +1191,8 @@ class World:
         bk = await self._client("checker")
         for lid in sorted(self.oracle.ledgers):
             truth = self.oracle.ledgers[lid]
+            if truth.deleted:
+                continue  # checked whole before its deletion
             try:
                 async with asyncio.timeout(60.0):
                     rh = await bk.open_ledger(lid, password=PASSWORD, recovery=True)
@@ -1099,7 +1208,8 @@ class World:
                 self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
             if self.oracle.violation is not None:
                 return
-        self.trace(f"final check: {len(self.oracle.ledgers)} ledgers closed and read back")
+        self.trace(f"final check: {sum(1 for t in self.oracle.ledgers.values() if not t.deleted)} ledgers closed and "
+                   f"read back")
         if not self.cfg.streams:
             return
         ns = await self._namespace(bk)
@@ -1134,7 +1244,7 @@ class World:
         return Result(config=self.cfg, violation=self.oracle.violation, acked=self.counts["acked"],
                       adds=self.counts["adds"], ledgers=self.counts["ledgers"], closed=self.counts["closed"],
                       recoveries=self.counts["recoveries"], reads=self.counts["reads"], tails=self.counts["tails"],
-                      stream_acked=self.counts["stream_acked"],
+                      deleted=self.counts["deleted"], stream_acked=self.counts["stream_acked"],
                       faults=dict(self.faults),
                       sim_seconds=self.loop.time(), trace_lines=self.trace.count,
                       trace_tail=self._violation_tail if self.oracle.violation else list(self.trace.tail),
