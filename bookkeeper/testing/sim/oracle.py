@@ -112,7 +112,7 @@ class Oracle:
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: False  # a ledger's first rewrite at a bookie: True loses it
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
-        self.on_read: Any = lambda _bookie, _ledger: None  # an entry read arrives
+        self.on_read: Any = lambda _bookie, _ledger, _entry: None  # an entry read arrives
         self.on_add: Any = lambda _bookie, _ledger: None  # a plain add of a ledger in `watched` arrives
         self.watched: set[int] = set()
         self._rewritten: set[tuple[str, int]] = set()
@@ -181,7 +181,7 @@ class Oracle:
             if flags & _FENCE and self.on_fence(tap.bookie, ledger_id):
                 lose = True
             if op == _READ:
-                self.on_read(tap.bookie, ledger_id)
+                self.on_read(tap.bookie, ledger_id, entry_id)
             elif op == _ADD and ledger_id in self.watched:
                 self.on_add(tap.bookie, ledger_id)
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:

@@ -53,7 +53,7 @@ PASSWORD = b"sim"
 WALL_EPOCH = 1.8e9  # the wall clock's reading at virtual time 0 (token expiry reads wall time)
 # How often each fault kind is drawn (kinds of _faults, in order): ZooKeeper's are rarer, as a
 # writer cut from it cannot replace a failed bookie for seconds, which hides other faults.
-KIND_WEIGHTS = (3, 3, 3, 3, 3, 3, 1, 1, 2, 2)
+KIND_WEIGHTS = (3, 3, 3, 3, 3, 3, 1, 1, 2, 2, 2)
 ADD_TIMEOUT_S = 0.5  # the clients' add timeout: the network's delays are well under a millisecond
 STREAM = "s"
 STREAM_NODES = ("streamer0", "streamer1", "streamreader")  # two writers taking a stream from each other, a reader
@@ -383,7 +383,7 @@ class LateAdds:
     """A recovery racing a writer's late adds (apache/bookkeeper#2614's order, `_late_adds`)."""
 
     writer: str
-    victim: str  # the bookie whose fence is lost and whose adds from the writer are held
+    victim: str  # the bookie whose fence is lost (the writer's adds to it are held)
     until: float  # when those adds arrive
     sent: asyncio.Event = field(default_factory=asyncio.Event)  # an add of it reached another bookie of the ensemble
 
@@ -425,6 +425,7 @@ class World:
         self.oracle.on_violation = self._snapshot
         self._violation_tail: list[str] = []
         self.net = SimNetwork(loop, self.rng_for("net"))
+        loop.node_var = NODE  # what a paused node is (loop.pause)
         self.zk = SimZooKeeper(loop, self.rng_for("zk"))
         self.zk.on_write = self._metadata_written
         self.oracle.on_recovery_add = self._recovery_add
@@ -444,7 +445,9 @@ class World:
         self._left_segment = False  # that recovery died just after writing an ensemble change of its own
         self._fences_to_lose: dict[int, set[str]] = {}  # ledger -> bookies its recovery's fences will not reach
         self._late: dict[int, LateAdds] = {}  # ledger -> the race its recovery runs against late adds (#2614)
-        self._slow_reads: dict[int, set[str]] = {}  # ledger -> bookies whose answers to its recovery's first read come late
+        # ledger -> (the entry, or None: the first read) and the bookies whose answers to its
+        # recovery's read of it come late
+        self._slow_reads: dict[int, tuple[int | None, set[str]]] = {}
         self.faults: dict[str, int] = {}
         self.done = False
         self.healed = False
@@ -672,7 +675,7 @@ class World:
             if self._recoverer_died:
                 self._recoverer_died = False
                 bk = await self._new_client("recoverer")
-            await asyncio.sleep(rng.expovariate(1 / 0.6))
+            await asyncio.sleep(rng.expovariate(1 / 0.3))
             candidates = sorted(lid for lid in self.open_ledgers if self.oracle.ledgers[lid].closed_at is None)
             retry, self._interrupted = self._interrupted, None
             if retry is not None and (self._left_segment or rng.random() < 0.5):
@@ -688,18 +691,18 @@ class World:
     async def _recover(self, bk: BookKeeper, lid: int, dies_after: float | None = None) -> bool:
         truth = self.oracle.ledgers[lid]
         chaos = self._chaos.random() if self.cfg.faults else 1.0
-        if chaos < 0.3:
+        if chaos < 0.25:
             self.loop.call_later(self._chaos.uniform(0.0, 0.02), self._crash_one_of, lid)
-        elif chaos < 0.6:
+        elif chaos < 0.45:
             self._lose_fences(lid)
-        elif chaos < 0.9 and self._late_adds(lid):
+        elif chaos < 0.95 and self._late_adds(lid):
             dies_after = None  # the race needs the recovery to finish
             with contextlib.suppress(TimeoutError):  # an add in flight first (0.3 s at most)
                 async with asyncio.timeout(0.3):
                     await self._late[lid].sent.wait()
         if self.cfg.faults and lid not in self._late and self._chaos.random() < 0.5:
             bookies = sorted({b for segment in self._segments.get(lid, {}).values() for b in segment})
-            self._slow_reads[lid] = set(self._chaos.sample(bookies, self._chaos.randint(0, len(bookies))))
+            self._slow_reads[lid] = (None, set(self._chaos.sample(bookies, self._chaos.randint(0, len(bookies)))))
         started = self.loop.time()
         self._left_segment = False
         try:
@@ -773,10 +776,7 @@ class World:
         except BKError as e:
             self.trace(f"L{lid} not deleted: its read failed ({type(e).__name__})")
             return
-        self.oracle.closed(truth, last, "a read before its deletion")
-        self.oracle.replicated(truth, rh.metadata)
-        for entry in entries:
-            self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
+        self._check_whole(truth, rh, entries, "a read before its deletion")
         truth.deleted = True  # from now on its entries may go (a lost reply hides whether the delete happened)
         try:
             await bk.delete_ledger(lid)
@@ -785,6 +785,15 @@ class World:
             return
         self.counts["deleted"] += 1
         self.trace(f"L{lid} deleted")
+
+    def _check_whole(self, truth: LedgerTruth, rh: Any, entries: list[Any], by: str) -> None:
+        """A closed ledger read back whole (entries 0 to its end): where it ends, its copies in
+        the closed metadata, each entry's bytes."""
+        last = rh.last_add_confirmed
+        self.oracle.closed(truth, last, by)
+        self.oracle.replicated(truth, rh.metadata)
+        for entry in entries:
+            self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
 
     def has_metadata(self, ledger_id: int) -> bool:
         """Whether the ledger's metadata exists now (the simulated ZooKeeper's tree, read directly)."""
@@ -908,7 +917,7 @@ class World:
     async def _faults(self) -> None:
         rng = self.rng_for("faults")
         kinds = ["crash", "power-loss", "partition", "reply-drop", "isolate", "reset", "zk-partition", "zk-loss",
-                 "eio", "session-expiry"]
+                 "eio", "session-expiry", "pause"]
         while not self.done:
             await asyncio.sleep(rng.expovariate(1 / self.cfg.fault_gap_s))
             if self.done:
@@ -965,6 +974,14 @@ class World:
                 self.zk.loss_rate, self.zk.reply_loss_rate = self.cfg.zk_loss_rate * 10, self.cfg.zk_reply_loss_rate * 10
                 self.trace(f"ZooKeeper loses requests and replies for {span:.3f} s")
                 self.loop.call_later(span, self._calm_zk)
+            elif kind == "pause":
+                if client in self.loop.paused:
+                    continue
+                # A stopped process (SIGSTOP, a long GC pause): its timers, arrivals and tasks
+                # wait, then run at once; the others go on (a recovery may take its ledger).
+                self.loop.pause(client)
+                self.trace(f"{client} paused for {span:.3f} s")
+                self.loop.call_later(span, self._resume, client)
             elif kind == "session-expiry":
                 if bookie.store is not None:
                     self.trace(f"{bookie.id} ZooKeeper session expires")
@@ -1020,58 +1037,64 @@ class World:
         self._fences_to_lose[lid] = set(self._chaos.sample(ensemble, self._chaos.randint(1, len(ensemble) - 1)))
 
     def _late_adds(self, lid: int) -> bool:
-        """apache/bookkeeper#2614's order, placed: one bookie of the writer's current ensemble
-        loses this recovery's fence, and the writer's adds to it are held until after the
-        recovery has read there (its first entry read answered first: `_read_arrives`). That
-        read must fence the bookie itself, or it takes an add recovery found missing and the
-        writer sees it acknowledged past the close. The fenced bookies' answers to the writer
-        are held as well until just after the late adds land (`_fence_arrives`), so the writer
-        hears of the fence (which fails all its adds) only then. False (nothing armed) with
-        Qa = 1 (an add is acknowledged at once), or if the ledger has no writer now, a bookie
-        of its ensemble is down, or a link is already cut."""
+        """apache/bookkeeper#2614's order, placed. The writer's adds to Qw - Qa + 1 bookies of
+        its first unacknowledged entry's write set are held until after the recovery has read
+        there (the others answer that first read late: `_read_arrives`), so the entry reads
+        as denied by enough bookies and the ledger closes before it. One of them, the victim,
+        loses the recovery's fence: only the read can fence it. If the read does not, the
+        victim takes the late add, which with the Qa - 1 copies made before the fence is Qa:
+        the writer sees the entry acknowledged past the close. The fenced bookies' answers to
+        the writer are held until just after the late adds land (`_fence_arrives`), so the
+        writer hears of the fence (which fails all its adds) only then. Coverage holds (one
+        unfenced bookie per write set, Qa >= 2). False (nothing armed) with Qa = 1 (an add is
+        acknowledged at once), or if the ledger has no writer now, the recovering client is
+        cut from a bookie of the ensemble, or too few of the write set are up and reachable."""
         writer = next((w for w in self.writers if w.handle is not None and w.handle.ledger_id == lid), None)
         if writer is None or self.healed or self.cfg.ack_quorum < 2:
             return False
         md = writer.handle.metadata
         ensemble = [b for b in self.bookies if b.id in md.last_ensemble]
-        if not all(b.up for b in ensemble) or any(self.net.link(a, b.name).held or self.net.link(b.name, a).held
-                                                  for b in ensemble for a in (writer.name, "recoverer")):
+        if any(self.net.link("recoverer", b.name).held or self.net.link(b.name, "recoverer").held for b in ensemble):
             return False
-        # A bookie of the write set of the writer's first entry not acknowledged (in flight, or
-        # the next it sends): recovery reads that entry first.
-        first = writer.handle.last_add_confirmed + 1
-        slots = write_set(first, md.ensemble_size, md.write_quorum)
-        victim = self._chaos.choice([b for b in ensemble if b.id in {md.last_ensemble[i] for i in slots}])
-        span = self._chaos.uniform(0.1, 0.45)  # under the add timeout (0.5 s): the writer keeps the bookie
+        first = writer.handle.last_add_confirmed + 1  # in flight, or the next it sends: recovery reads it first
+        members = {md.last_ensemble[i] for i in write_set(first, md.ensemble_size, md.write_quorum)}
+        candidates = [b for b in ensemble if b.id in members and b.up and not self.net.link(writer.name, b.name).held]
+        if len(candidates) < md.write_quorum - md.ack_quorum + 1:
+            return False
+        late = self._chaos.sample(candidates, md.write_quorum - md.ack_quorum + 1)
+        victim = late[0]
+        span = self._chaos.uniform(0.1, 0.45)  # under the add timeout (0.5 s): the writer keeps the bookies
         self._fences_to_lose[lid] = {victim.id}
         race = self._late[lid] = LateAdds(writer.name, victim.id, self.loop.time() + span)
-        others = [b for b in ensemble if b is not victim]
-        self._slow_reads[lid] = {b.id for b in others}  # so the victim answers first
-        self.net.hold(writer.name, victim.name)
-        self.loop.call_later(span, self.net.release, writer.name, victim.name)
+        self._slow_reads[lid] = (first, {b.id for b in ensemble if b not in late})  # so the late ones answer first
+        for b in late:
+            self.net.hold(writer.name, b.name)
+            self.loop.call_later(span, self.net.release, writer.name, b.name)
         if writer.handle.outstanding:
             race.sent.set()
         else:
             self.oracle.watched.add(lid)  # the recovery starts once the writer's next add is out
-        self.trace(f"{writer.name}'s adds to {victim.id} held for {span:.3f} s (L{lid}'s recovery)")
+        self.trace(f"{writer.name}'s adds to {','.join(b.id for b in late)} held for {span:.3f} s "
+                   f"(L{lid}'s recovery; {victim.id} loses its fence)")
         self.faults["late-adds"] = self.faults.get("late-adds", 0) + 1
         return True
 
     def _add_arrives(self, bookie: str, ledger_id: int) -> None:
         """A watched ledger's add reaches a bookie: in #2614's race, the recovery may start."""
         race = self._late.get(ledger_id)
-        if race is not None and bookie != race.victim:
+        if race is not None:
             race.sent.set()
 
-    def _read_arrives(self, bookie: str, ledger_id: int) -> None:
-        """An entry read reaches a bookie. Half of all recoveries (and every #2614 race) have
-        some bookies answer its first entry read 5 ms late, so that a denial from one bookie
-        can come before a copy from another (what recovery decides on a denial is then tested:
-        in #2614's race the bookie whose adds are held answers first)."""
+    def _read_arrives(self, bookie: str, ledger_id: int, entry_id: int) -> None:
+        """An entry read reaches a bookie. Half of all recoveries have some bookies answer
+        their first entry read 5 ms late, so that a denial from one bookie can come before a
+        copy from another (what recovery decides on a denial is then tested); in #2614's race
+        the bookies that have the contested entry answer its read late, so the late ones'
+        denials come first."""
         slow = self._slow_reads.get(ledger_id)
-        if not slow or bookie not in slow:
+        if slow is None or bookie not in slow[1] or slow[0] not in (None, entry_id):
             return
-        slow.discard(bookie)
+        slow[1].discard(bookie)
         self._hold_for(bookie.split(":")[0], "recoverer", 0.005)
 
     def _fence_arrives(self, bookie: str, ledger_id: int) -> bool:
@@ -1147,6 +1170,11 @@ class World:
         self.net.release(a, b)
         self.net.release(b, a)
 
+    def _resume(self, node: str) -> None:
+        if node in self.loop.paused:
+            self.loop.resume(node)
+            self.trace(f"{node} resumes")
+
     def _calm_zk(self) -> None:
         """ZooKeeper's background loss rates (none when faults are off)."""
         if self.cfg.faults and not self.healed:
@@ -1167,6 +1195,8 @@ class World:
     async def heal(self) -> None:
         """Every fault ends for good: links flow, ZooKeeper answers, every bookie is up."""
         self.healed = True
+        for node in sorted(self.loop.paused):
+            self._resume(node)
         if self._fault_tasks:
             self._fault_tasks[0].cancel()  # the injector; restarts under way finish (ensure_up)
         for (src, dst), link in sorted(self.net.links.items()):
@@ -1202,10 +1232,7 @@ class World:
                 self.oracle.fail("stuck" if isinstance(e, TimeoutError) else "lost-entry",
                                  f"ledger {lid}: after faults healed, its recovery and read failed: {e!r}")
                 return
-            self.oracle.closed(truth, last, "the final recovery")
-            self.oracle.replicated(truth, rh.metadata)
-            for entry in entries:
-                self.oracle.read(truth, entry.entry_id, bytes(entry.data), last)
+            self._check_whole(truth, rh, entries, "the final recovery")
             if self.oracle.violation is not None:
                 return
         self.trace(f"final check: {sum(1 for t in self.oracle.ledgers.values() if not t.deleted)} ledgers closed and "
