@@ -38,7 +38,8 @@ CAUGHT_BY = {
     "replay-past-corrupt-middle": {"lost-on-restart"},
     "no-replacement-on-late-failure": {"kept-failed-bookie"},
     "gc-stale-listing": {"gc-dropped-live"},
-    "recovery-from-interrupted-segments": {"acked-after-close", "kept-failed-bookie", "lost-entry", "under-replicated"},
+    "recovery-from-interrupted-segments": {"acked-after-close", "kept-failed-bookie", "lost-entry", "under-replicated",
+                                           "stream-lost"},
     "ack-before-fsync": {"refused-start", "lost-on-restart"},
 }
 BK = [sys.executable, "-m", "bookkeeper.cli.main"]
