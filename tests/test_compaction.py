@@ -84,7 +84,7 @@ def test_log_records_survive_a_restart_without_a_rescan(tmp_path: Path) -> None:
     usage; a store made before records existed gets them from its index once."""
     st = _open(tmp_path)
     _fill(st, range(1, 6), 4)
-    st.delete_ledger(2)
+    st.delete_ledger(2, now=0.0)
     _checkpoint(st, 99)
     usage = st.log_usage()
     assert sum(u[2] for u in usage.values()) == sum(
@@ -152,7 +152,7 @@ def test_compaction_copies_live_entries_and_deletes_dead_logs(tmp_path: Path) ->
     _checkpoint(st, 100)
     before = sum(_logs(tmp_path).values())
     for lid in range(1, 19):
-        st.delete_ledger(lid)
+        st.delete_ledger(lid, now=0.0)
     _checkpoint(st, 101)
     steps: list[tuple[str, int]] = []
     res = st.compact(0.8, on_step=lambda s, lid: steps.append((s, lid)))
@@ -176,7 +176,7 @@ def test_a_stopped_pass_leaves_the_index_where_it_was(tmp_path: Path) -> None:
     st = _open(tmp_path, entry_log_max_bytes=4 * MIB)
     data = _fill(st, range(1, 11), 4, size=20_000)
     for lid in range(1, 6):
-        st.delete_ledger(lid)
+        st.delete_ledger(lid, now=0.0)
     _checkpoint(st, 50)
     calls = iter(range(10**6))
     res = st.compact(0.9, should_stop=lambda: next(calls) >= 1)  # after the first batch
@@ -193,7 +193,7 @@ def test_the_throttle_bounds_the_copy_rate(tmp_path: Path) -> None:
     """Copying B bytes at R bytes/s takes at least B/R seconds (a lower bound: never flaky)."""
     st = _open(tmp_path, entry_log_max_bytes=4 * MIB)
     _fill(st, range(1, 5), 8, size=20_000)
-    st.delete_ledger(1)
+    st.delete_ledger(1, now=0.0)
     _checkpoint(st, 50)
     res = st.compact(0.9, rate_bytes_s=8 * MIB)
     assert res.bytes_copied > MIB
@@ -208,7 +208,7 @@ def test_a_reader_of_a_compacted_log_follows_the_index(tmp_path: Path) -> None:
     data = _fill(st, range(1, 5), 4, size=10_000)
     assert st.get_entry(4, 0) == data[(4, 0)]  # caches a reader of the first log
     for lid in (1, 2, 3):
-        st.delete_ledger(lid)
+        st.delete_ledger(lid, now=0.0)
     _checkpoint(st, 50)
     res = st.compact(0.8)
     assert res.retired and all(lid not in st._paths for lid in res.retired)
@@ -227,7 +227,7 @@ from tests.test_compaction import _open, _fill, _checkpoint
 st = _open(Path({dir!r}))
 _fill(st, range(1, 21), 8, size=3000)
 for lid in range(1, 19):
-    st.delete_ledger(lid)
+    st.delete_ledger(lid, now=0.0)
 _checkpoint(st, 100)
 seen = []
 def step(name, log_id):

@@ -200,7 +200,7 @@ class GarbageCollector:
             return []
         now = self.wall_clock()
         for lid in gone:
-            self.storage.delete_ledger(lid, now)
+            self.storage.delete_ledger(lid, now=now)
         log.info("shard %d: garbage-collected %d deleted ledger(s)", self.index, len(gone))
         self.counters["gc_ledgers_deleted"] += len(gone)
         self.last_dropped = gone

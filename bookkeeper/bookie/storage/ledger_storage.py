@@ -80,7 +80,7 @@ class LedgerStorage:
             d.mkdir(parents=True, exist_ok=True)
         self.entry_log_max_bytes = entry_log_max_bytes
         self._dir_writable = dir_writable or (lambda _path: True)
-        self.env = lmdb.open(str(self.dir / "index.lmdb"), map_size=map_size, max_dbs=5,
+        self.env = lmdb.open(str(self.dir / "index.lmdb"), map_size=map_size, max_dbs=8,
                              subdir=True, sync=True, metasync=True, lock=True)
         self.db_index = self.env.open_db(b"index")
         self.db_ledgers = self.env.open_db(b"ledgers")
@@ -390,7 +390,7 @@ class LedgerStorage:
         return _MARK.unpack(v) if v else (0, 0)
 
     # -- deletion ----------------------------------------------------------
-    def delete_ledger(self, ledger_id: int, now: float = 0.0) -> None:
+    def delete_ledger(self, ledger_id: int, *, now: float) -> None:
         """Forget a ledger whose metadata is gone: at once in memory, on disk at the next checkpoint.
 
         Why through the checkpoint: the deletion commits in the same LMDB transaction that

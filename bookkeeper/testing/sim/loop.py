@@ -78,7 +78,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.paused.setdefault(node, [])
 
     def resume(self, node: str) -> None:
-        """The node goes on: what waited runs first, in the order it became ready."""
+        """The node goes on: what waited runs next turn, in the order it became ready (after
+        what is ready already)."""
         base: Any = self
         base._ready.extend(self.paused.pop(node, []))
 

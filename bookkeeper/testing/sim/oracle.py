@@ -84,10 +84,12 @@ class LedgerTruth:
 class _Tap:
     """One bookie connection's frames: requests by id (their flags), responses matched to them."""
 
-    __slots__ = ("bookie", "rx", "tx", "requests", "answers", "clock", "limit", "unanswered", "hold")
+    __slots__ = ("bookie", "client", "rx", "tx", "requests", "answers", "clock", "limit", "unanswered", "hold")
 
-    def __init__(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None) -> None:
+    def __init__(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None,
+                 client: str = "") -> None:
         self.bookie = bookie
+        self.client = client  # the node at the other end
         self.answers = answers  # the link carrying this bookie's answers to the client (net.Link)
         self.clock = clock
         self.limit = limit  # limit(since) -> how long a writer may keep a bookie whose answers stopped then
@@ -112,7 +114,7 @@ class Oracle:
         self.checks = 0
         self.on_recovery_add: Any = lambda _bookie, _ledger: False  # a ledger's first rewrite at a bookie: True loses it
         self.on_fence: Any = lambda _bookie, _ledger: False  # a fence arrives: True loses it
-        self.on_read: Any = lambda _bookie, _ledger, _entry: None  # an entry read arrives
+        self.on_read: Any = lambda _bookie, _ledger, _entry, _client: None  # an entry read arrives
         self.on_add: Any = lambda _bookie, _ledger: None  # a plain add of a ledger in `watched` arrives
         self.watched: set[int] = set()
         self._rewritten: set[tuple[str, int]] = set()
@@ -166,8 +168,8 @@ class Oracle:
         return truth
 
     # -- frames ----------------------------------------------------------------------
-    def tap(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None) -> _Tap:
-        return _Tap(bookie, answers, clock, limit)
+    def tap(self, bookie: str, answers: Any = None, clock: Any = None, limit: Any = None, client: str = "") -> _Tap:
+        return _Tap(bookie, answers, clock, limit, client)
 
     def requests_in(self, tap: _Tap, data: bytes) -> bool:
         """Bytes a bookie received: record each request; check the LACs writers tell. True if
@@ -181,7 +183,7 @@ class Oracle:
             if flags & _FENCE and self.on_fence(tap.bookie, ledger_id):
                 lose = True
             if op == _READ:
-                self.on_read(tap.bookie, ledger_id, entry_id)
+                self.on_read(tap.bookie, ledger_id, entry_id, tap.client)
             elif op == _ADD and ledger_id in self.watched:
                 self.on_add(tap.bookie, ledger_id)
             if op == _ADD and flags & _RECOVERY_ADD and (tap.bookie, ledger_id) not in self._rewritten:

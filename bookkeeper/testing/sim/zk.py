@@ -20,6 +20,7 @@ ZooKeeper servers themselves (no leader election, no stale follower reads).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ from typing import Any
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, NoNodeError, NodeExistsError, NotEmptyError,
                               RolledBackError, SessionExpiredError)
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
+
+
+_Watch = tuple[Callable[[WatchedEvent], None], contextvars.Context]
 
 
 @dataclass
@@ -60,8 +64,10 @@ class SimZooKeeper:
         self.nodes: dict[str, _Node] = {"/": _Node(b"", 0, 0)}
         self.sessions: dict[int, SimKazooClient] = {}
         self._next_session = 0x1000
-        self.data_watches: dict[str, list[Callable[[WatchedEvent], None]]] = {}
-        self.child_watches: dict[str, list[Callable[[WatchedEvent], None]]] = {}
+        # path -> (watch, the context it was set in: it fires there, as the setting node's
+        # client would run it; a paused node's watches wait for it)
+        self.data_watches: dict[str, list[_Watch]] = {}
+        self.child_watches: dict[str, list[_Watch]] = {}
         self.stats = {"calls": 0, "writes": 0, "lost_requests": 0, "lost_replies": 0, "expiries": 0}
         self.last_trouble: dict[str, float] = {}  # node -> when a call of its last failed (ConnectionLoss)
         # on_write(path, data, node) after each set applied: the simulator's hook for faults
@@ -87,9 +93,9 @@ class SimZooKeeper:
         return ZnodeStat(n.czxid, n.mzxid, 0, 0, n.version, n.cversion, 0, n.owner, len(n.data), len(n.children),
                          n.pzxid)
 
-    def _fire(self, table: dict[str, list[Callable[[WatchedEvent], None]]], path: str, kind: str) -> None:
-        for fn in table.pop(path, []):
-            self.loop.call_soon(fn, WatchedEvent(kind, KeeperState.CONNECTED, path))
+    def _fire(self, table: dict[str, list[_Watch]], path: str, kind: str) -> None:
+        for fn, ctx in table.pop(path, []):
+            self.loop.call_soon(fn, WatchedEvent(kind, KeeperState.CONNECTED, path), context=ctx)
 
     def _create(self, path: str, value: bytes, owner: int, sequence: bool) -> str:
         parent = _parent(path)
@@ -159,7 +165,7 @@ class SimKazooClient:
         self.node = node
         self._partitioned = partitioned
         self.default_acl: Any = None
-        self._listeners: list[Callable[[Any], Any]] = []
+        self._listeners: list[tuple[Callable[[Any], Any], contextvars.Context]] = []
         self.session = zk.new_session(self)
         self.closed = False
 
@@ -173,11 +179,10 @@ class SimKazooClient:
         return (self.session, b"")
 
     def add_listener(self, fn: Callable[[Any], Any]) -> None:
-        self._listeners.append(fn)
+        self._listeners.append((fn, contextvars.copy_context()))
 
     def remove_listener(self, fn: Callable[[Any], Any]) -> None:
-        if fn in self._listeners:
-            self._listeners.remove(fn)
+        self._listeners = [(f, ctx) for f, ctx in self._listeners if f is not fn]
 
     def expire(self) -> None:
         """The session expires (its ephemerals go); kazoo tells LOST, reconnects, tells CONNECTED."""
@@ -185,8 +190,8 @@ class SimKazooClient:
         self.zk.end_session(self.session)
         self.session = self.zk.new_session(self)
         for state in (KazooState.LOST, KazooState.CONNECTED):
-            for fn in list(self._listeners):
-                self.zk.loop.call_soon(self._tell, fn, state)
+            for fn, ctx in list(self._listeners):
+                self.zk.loop.call_soon(self._tell, fn, state, context=ctx)
 
     def _tell(self, fn: Callable[[Any], Any], state: Any) -> None:
         if fn(state) is True:
@@ -251,18 +256,18 @@ class SimKazooClient:
         self._call(False)
         n = self.zk.nodes.get(path)
         if watch is not None:
-            self.zk.data_watches.setdefault(path, []).append(watch)
+            self.zk.data_watches.setdefault(path, []).append((watch, contextvars.copy_context()))
         return None if n is None else self.zk._stat(n)
 
     def _read(self, path: str, watch: Callable[[WatchedEvent], None] | None,
-              watches: dict[str, list[Callable[[WatchedEvent], None]]]) -> _Node:
+              watches: dict[str, list[_Watch]]) -> _Node:
         """A read of an existing node, leaving `watch` in `watches` (data or children)."""
         self._call(False)
         n = self.zk.nodes.get(path)
         if n is None:
             raise NoNodeError(path)
         if watch is not None:
-            watches.setdefault(path, []).append(watch)
+            watches.setdefault(path, []).append((watch, contextvars.copy_context()))
         return n
 
     def get(self, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> tuple[bytes, ZnodeStat]:
@@ -303,25 +308,29 @@ class SimKazooClient:
     # -- recipes -------------------------------------------------------------------
     def DataWatch(self, path: str, func: Callable[..., Any]) -> None:  # noqa: N802 - kazoo's name
         """func(data, stat) now and after every change, until it returns False."""
+        ctx = contextvars.copy_context()
+
         def look(event: WatchedEvent | None = None) -> None:
             if self.closed:
                 return
             n = self.zk.nodes.get(path)
-            self.zk.data_watches.setdefault(path, []).append(look)
+            self.zk.data_watches.setdefault(path, []).append((look, ctx))
             data, stat = (None, None) if n is None else (n.data, self.zk._stat(n))
             if (func(data, stat, event) if event is not None else func(data, stat)) is False:
-                self.zk.data_watches.get(path, []).remove(look)
+                self.zk.data_watches.get(path, []).remove((look, ctx))
         look()
 
     def ChildrenWatch(self, path: str, func: Callable[[list[str]], Any]) -> None:  # noqa: N802 - kazoo's name
         """func(children) now and after every change of them, until it returns False."""
+        ctx = contextvars.copy_context()
+
         def look(_event: WatchedEvent | None = None) -> None:
             if self.closed:
                 return
             n = self.zk.nodes.get(path)
-            self.zk.child_watches.setdefault(path, []).append(look)
+            self.zk.child_watches.setdefault(path, []).append((look, ctx))
             if func(sorted(n.children) if n is not None else []) is False:
-                self.zk.child_watches.get(path, []).remove(look)
+                self.zk.child_watches.get(path, []).remove((look, ctx))
         look()
 
 
