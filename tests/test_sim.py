@@ -25,7 +25,12 @@ CI_OPS = 1500
 MUTATION_SEEDS = range(0, 20)
 # Mutations the simulator does not catch within 20 seeds yet (docs/simulation.md says why);
 # the test below fails if one of them starts being caught, so the list stays true.
-NOT_CAUGHT_YET = {"recovery-fences-one", "recovery-below-last-segment", "replaced-bookie-acks-count"}
+NOT_CAUGHT_YET = {"recovery-fences-one", "recovery-below-last-segment"}
+# Mutations a seed of 0..19 catches on one interpreter and not on another (asyncio schedules
+# differently between Python versions, and a seed's run with it): a catch must still be by
+# one of their invariants. replaced-bookie-acks-count: caught at seed 0 on 3.13, not within
+# 20 on 3.11 (its script, tests/data/writer/acks_during_change.txt, places it exactly).
+SOMETIMES_CAUGHT = {"replaced-bookie-acks-count"}
 # Which invariants may catch each mutation (docs/simulation.md's table).
 CAUGHT_BY = {
     "ack-before-qa": {"ack-quorum"},
@@ -38,6 +43,7 @@ CAUGHT_BY = {
     "replay-past-corrupt-middle": {"lost-on-restart"},
     "no-replacement-on-late-failure": {"kept-failed-bookie"},
     "gc-stale-listing": {"gc-dropped-live"},
+    "replaced-bookie-acks-count": {"under-replicated", "lost-entry", "acked-after-close"},
     "recovery-from-interrupted-segments": {"acked-after-close", "kept-failed-bookie", "lost-entry", "under-replicated",
                                            "stream-lost"},
     "ack-before-fsync": {"refused-start", "lost-on-restart"},
@@ -261,6 +267,8 @@ def test_each_mutation_is_caught_within_20_seeds(mutation: str) -> None:
             break
     if mutation in NOT_CAUGHT_YET:
         assert caught is None, f"{mutation} is caught now ({caught}): take it off NOT_CAUGHT_YET"
+    elif mutation in SOMETIMES_CAUGHT:
+        assert caught is None or caught[1] in CAUGHT_BY[mutation], caught
     else:
         assert caught is not None, f"{mutation}: no seed of {MUTATION_SEEDS} caught it"
         assert caught[1] in CAUGHT_BY[mutation], caught
