@@ -178,10 +178,15 @@ class StreamWriterCore:
         acknowledged bytes."""
         if not self.pending.records or self.rolling or self.suspended or self.error is not None:
             return None
-        if self.inflight_bytes >= self.settings.max_inflight_bytes:
+        if self.full:
             return Room.WAIT
         batch = self._take(ledger_length)
         return batch, recordset.encode(batch.records, records_before=self.seg_records, codec=self.codec)
+
+    @property
+    def full(self) -> bool:
+        """max_inflight_bytes are in flight: no set is sent until one settles."""
+        return bool(self.inflight_bytes >= self.settings.max_inflight_bytes)
 
     def _take(self, ledger_length: int) -> RecordSet:
         """The longest prefix of the pending records (at least one) within record_set_max_bytes

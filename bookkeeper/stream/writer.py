@@ -304,7 +304,7 @@ class StreamWriter:
 
     async def _seal_when_room(self) -> None:
         try:
-            while self._core.inflight_bytes >= self._s.max_inflight_bytes and self._core.error is None:
+            while self._core.full and self._core.error is None:
                 self._room.clear()
                 await self._room.wait()
         finally:
