@@ -28,6 +28,7 @@ from rich.table import Table
 from bookkeeper import extras
 from bookkeeper.bookie.admin_client import AdminHTTPError, admin_error_text, admin_request, admin_trust, split_host_port
 from bookkeeper.cli.common import UsageError, cli_table, client_settings, err, error_line, metadata_uri, out
+from bookkeeper.cli.metadata import add_metadata_parsers
 from bookkeeper.cli.security import add_security_parsers
 from bookkeeper.cli.stream import add_stream_parsers
 from bookkeeper.cli.sim import add_sim_parser
@@ -544,6 +545,9 @@ def _handle_driver(args: argparse.Namespace) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark family; a table for people, one JSON object with --json."""
+    if args.bench == "ledgers":
+        from bookkeeper.bench.ledgers import run_ledgers_cli
+        return run_ledgers_cli(args)
     from bookkeeper.bench import self_rss
     from bookkeeper.bench.cluster import bookie_bench, cluster_bench, read_bench
     from bookkeeper.bench.journal import SIZES, run_journal
@@ -694,7 +698,7 @@ def _add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    families = ["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark"]
+    families = ["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark", "ledgers"]
     s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
     s.add_argument("bench", choices=families, metavar="FAMILY", help=" | ".join(families))
     s.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -726,6 +730,10 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=int, default=1000, metavar="N", help="stream: records per write_batch")
     s.add_argument("--scale", type=float, default=1.0, metavar="X",
                    help="spark: multiplies the ledgers' entry counts")
+    s.add_argument("--ledgers", default="10,100,1000,10000", metavar="N,N,...",
+                   help="ledgers: the ledger counts to run the phases at (default 10,100,1000,10000)")
+    s.add_argument("--metadata", type=int, default=0, metavar="N",
+                   help="ledgers: also time a GC pass and a listing over N ledgers' metadata (e.g. 1000000)")
     s.set_defaults(func=cmd_bench)
 
 
@@ -804,7 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_sandbox_parser, _add_bookie_parser, _add_bookies_parsers, _add_ledger_parsers, _add_bench_parser,
                 _add_autorecovery_parsers, add_stream_parsers, add_security_parsers, add_zk_parsers,
-                add_verify_parsers, add_sim_parser, _add_simpletest_parser):
+                add_metadata_parsers, add_verify_parsers, add_sim_parser, _add_simpletest_parser):
         add(sub, common)
     return p
 

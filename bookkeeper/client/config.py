@@ -27,6 +27,8 @@ class ClientConfig:
     placement: str = "rack_aware"           # or "random"
     placement_strict: bool = False          # rack_aware: fail instead of degrading when racks are too few
     zk_session_timeout_ms: int = 10_000
+    max_pending_creates: int = 1_000        # creates waiting on ZooKeeper; past it create_ledger waits
+    metadata_timeout_s: float = 10.0        # ... and fails (MetadataServiceError) after this long
     zk_connect_timeout_s: float = 2.0       # per ZooKeeper address: a TCP connect not answered in time
                                             # fails (a refused one fails at once), see meta/zk_connect.py
     # Trust (docs/security.md): the bookies' TLS and AUTH exchange, ZooKeeper credentials.
@@ -42,13 +44,13 @@ class ClientConfig:
 
     def validate(self) -> ClientConfig:
         for name in ("add_timeout_s", "read_timeout_s", "slow_bookie_penalty_s", "bookie_quarantine_s",
-                     "zk_connect_timeout_s"):
+                     "zk_connect_timeout_s", "metadata_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.speculative_read_timeout_ms < 0:
             raise ConfigError("speculative_read_timeout_ms must be >= 0 (0: off)")
-        if self.max_outstanding_adds < 1 or self.read_window < 1:
-            raise ConfigError("max_outstanding_adds and read_window must be >= 1")
+        if self.max_outstanding_adds < 1 or self.read_window < 1 or self.max_pending_creates < 1:
+            raise ConfigError("max_outstanding_adds, read_window and max_pending_creates must be >= 1")
         if self.explicit_lac_interval_ms < 0:
             raise ConfigError("explicit_lac_interval_ms must be >= 0 (0: off)")
         if self.long_poll_timeout_ms < 1:

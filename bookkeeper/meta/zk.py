@@ -506,6 +506,14 @@ class ZkMetadataStore:
         stat = self.zk.exists(bucket)
         return None if stat is None else stat.pzxid
 
+    def sync(self, path: str) -> None:
+        """Bring this session's server up to the leader's view of `path` before the next read
+        (ZooKeeper's sync): a read after it sees every write committed before the sync. Why:
+        reads are served by the connected server, which may lag; a garbage collector that
+        drops a ledger for being absent must not trust a lagging listing (Apache's
+        ZkUtils.getChildrenInSingleNode syncs too)."""
+        self.zk.sync(path)
+
     def bucket_ledgers(self, bucket: str) -> tuple[int, list[int]] | None:
         """(pzxid, the 4-digit suffixes of its ledgers, sorted) of a bucket in one read, or None
         if it is gone. The suffix is the ledger id modulo 10^4 (docs/metadata.md)."""

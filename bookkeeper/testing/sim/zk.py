@@ -296,6 +296,12 @@ class SimKazooClient:
         self._reply()
         return True
 
+    def sync(self, path: str) -> str:
+        """ZooKeeper's sync: one round trip; the simulated ensemble has no lagging server, so a
+        read after it sees what a read before it would."""
+        self._call(False)
+        return path
+
     def get_async(self, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> _Done:
         return _Done(lambda: self.get(path, watch))
 
