@@ -174,6 +174,23 @@ class MetadataAuthError(BKError):
     code = 49
 
 
+class LedgerIdsExhaustedError(MetadataServiceError):
+    """No ledger id is left to hand out: the block counter reached MAX_LEDGER_ID (2^63 - 1), or
+    a layout-1 cluster's sequential counter wrapped at 2^31 (`bk metadata upgrade` lifts that).
+    Loud by design: the alternative is an id handed out twice."""
+
+    code = 50
+    retriable = False
+
+
+class MetadataLayoutError(BKError):
+    """The cluster's metadata layout (`<root>/LAYOUT`) is not one this process can write: newer
+    than it knows, or upgraded past the id allocator it was about to use. The message names
+    the layout and what to do (`bk metadata upgrade`, or upgrade this client)."""
+
+    code = 51
+
+
 class LedgerExistsError(BKError):
     """A ledger with that id already exists."""
 

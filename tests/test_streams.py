@@ -8,6 +8,7 @@ Reference: issue 11's acceptance list; docs/api.md section 6; DistributedLog's B
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from kazoo.client import KazooClient
 
 import bookkeeper.sync
 from bookkeeper import errors
-from bookkeeper.meta.streams import Segment
+from bookkeeper.meta.streams import MAX_CHILDREN, Segment
 from bookkeeper.stream import Namespace, Position
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
@@ -389,6 +390,62 @@ def test_reader_started_first_tails_across_ten_rolls(cluster) -> None:
     run(main())
 
 
+def _count_reads(zk: KazooClient) -> list[str]:
+    """Record the path of every read request a kazoo client sends from here on (its sync calls
+    go through these three): the real client, counted, nothing faked."""
+    paths: list[str] = []
+    for name in ("get_async", "get_children_async", "exists_async"):
+        def call(path: str, *args: object, _method=getattr(zk, name), **kwargs: object) -> object:  # noqa: ANN001
+            paths.append(path)
+            return _method(path, *args, **kwargs)
+        setattr(zk, name, call)
+    return paths
+
+
+def test_a_reader_over_50_segments_makes_o_50_zookeeper_reads(cluster) -> None:
+    """A reader catching up over 50 closed segments, then following 5 rolls of a live writer,
+    lists the segments once (one listing, pipelined reads) and again only when the segments'
+    children watch fires, reading only the segments it had not seen closed: at most 3 reads
+    per segment (its node, its ledger's metadata, a share of the listings). Re-listing every
+    segment at each step, as before, made 51 listings of up to 50 nodes (~1,300 reads)."""
+    async def main() -> None:
+        async with await ns_of(cluster) as ns, await ns_of(cluster) as rns:
+            await ns.create_stream("many")
+            written: list[Position] = []
+            async with await ns.open_writer("many", segment_max_records=4) as w:
+                while len({p.segment for p in written}) < 50:
+                    written += await w.write_batch([b"%d" % len(written) for _ in range(4)])
+            reads = _count_reads(rns.bk.store.zk)
+            assert [r.position for r in await read_all(rns, "many")] == written
+            segments = len({p.segment for p in written})
+            assert len(reads) <= 3 * segments, f"{len(reads)} reads over {segments} segments"
+            assert sum("/segments/" in p for p in reads) <= segments + 2, reads
+
+            reads.clear()
+            got: list = []
+            total = len(written) + 5 * 4
+            r = await rns.open_reader("many", start="earliest")
+
+            async def follow() -> None:
+                async with r:
+                    async for rec in r:
+                        got.append(rec.position)
+                        if len(got) == total:
+                            return
+            task = asyncio.create_task(follow())
+            while len(got) < len(written) - 20:
+                await asyncio.sleep(0.01)
+            async with await ns.open_writer("many", segment_max_records=4) as w:
+                for _ in range(5):
+                    written += await w.write_batch([b"%d" % len(written) for _ in range(4)])
+                    await asyncio.sleep(0.05)  # the reader follows each roll as it happens
+            await asyncio.wait_for(task, 60)
+            assert got == written
+            segments = len({p.segment for p in written})
+            assert len(reads) <= 3 * segments, f"{len(reads)} reads over {segments} segments"
+    run(main())
+
+
 def test_latest_reader_sees_only_later_records_including_an_idle_writers_last(cluster) -> None:
     """start="latest" skips what was written before; a writer that goes idle after a record still
     makes it visible to the tailing reader (control entry), without closing."""
@@ -531,6 +588,41 @@ def test_a_following_reader_of_a_deleted_stream_ends_with_stream_not_found(clust
                 await w.close()
             except errors.BKError:
                 pass  # its stream is gone: how the writer learns it is not what this test is about
+    run(main())
+
+
+def _fill(zk: KazooClient, parent: str, names: list[str], *, delete: bool = False) -> None:
+    """Empty child znodes made (or deleted), 500 per multi-op: a listing filled fast."""
+    for first in range(0, len(names), 500):
+        tx = zk.transaction()
+        for name in names[first:first + 500]:
+            tx.delete(f"{parent}/{name}") if delete else tx.create(f"{parent}/{name}", b"")
+        assert not [r for r in tx.commit() if isinstance(r, Exception)]
+
+
+def test_a_full_namespace_refuses_another_stream_naming_the_limit(cluster) -> None:
+    """A namespace's streams, and the cluster's namespaces, are each listed in one ZooKeeper
+    reply, which must fit jute.maxbuffer: at MAX_CHILDREN, creating one more is refused with an
+    error naming the limit, and the listing still comes whole. (Filled with bare znodes: only
+    their names count.)"""
+    async def main() -> None:
+        async with await ns_of(cluster, "full") as ns:
+            zk, base = ns.bk.store.zk, ns.store.base
+            await ns.create_stream("s-0000")
+            await ns.bk.metadata_call(_fill, zk, f"{base}/full", [f"s-{i:04d}" for i in range(1, MAX_CHILDREN)])
+            with pytest.raises(errors.InvalidArgumentError, match=f"namespace 'full' has {MAX_CHILDREN}.*jute"):
+                await ns.create_stream("one-more")
+            assert len(await ns.list_streams()) == MAX_CHILDREN
+
+            fake = [f"zz-{i:04d}" for i in range(MAX_CHILDREN - len(await ns.bk.metadata_call(zk.get_children, base)))]
+            await ns.bk.metadata_call(_fill, zk, base, fake)
+            try:
+                with pytest.raises(errors.InvalidArgumentError, match=f"namespace 'another'.*{MAX_CHILDREN}"):
+                    await ns_of(cluster, "another")
+            finally:
+                await ns.bk.metadata_call(functools.partial(_fill, zk, base, fake, delete=True))
+            async with await ns_of(cluster, "another"):
+                pass
     run(main())
 
 

@@ -37,13 +37,13 @@ async def scan_metadata(bk: BookKeeper, *, before_reads: BeforeReads = _nothing,
         await before_reads(n)
         return await bk.metadata_call(fn, *args)
 
-    for level in await read(1, store.ledger_levels):
-        for bucket in await read(1, store.level_buckets, level):
-            ids = await read(1, store.bucket_ledger_ids, bucket)
-            for start in range(0, len(ids), batch):
-                chunk = ids[start:start + batch]
-                mds = await read(len(chunk), store.read_ledgers, chunk)
-                yield [md for md in mds if md is not None]
+    buckets = store.ledger_buckets()
+    while (bucket := await read(1, next, buckets, None)) is not None:
+        ids = await read(1, store.bucket_ledger_ids, bucket)
+        for start in range(0, len(ids), batch):
+            chunk = ids[start:start + batch]
+            mds = await read(len(chunk), store.read_ledgers, chunk)
+            yield [md for md in mds if md is not None]
 
 
 async def ledgers_on(bk: BookKeeper, bookie_id: str) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -75,25 +76,13 @@ async def cmd_bookies_list(bk: Any, args: argparse.Namespace) -> int:
 async def cmd_bookies_can_stop(bk: Any, args: argparse.Namespace) -> int:
     """Exit 0 if stopping the bookie leaves every open ledger's writer a replacement, else 1.
 
-    Reads the metadata of every ledger (one ZooKeeper read each): an operator's check
-    before a restart, not something to run in a loop.
+    Reads the metadata of every ledger, in one pipelined pass (largest_open_ensemble): an
+    operator's check before a restart, not something to run in a loop.
     """
     from bookkeeper.client.core.placement import stop_refusal
-    from bookkeeper.errors import NoSuchLedgerError
 
     writable = set(await bk.metadata_call(bk.store.get_bookies))
-    ids = [lid async for lid in bk.list_ledgers()]
-    largest = 0
-    for start in range(0, len(ids), 64):
-        mds = await asyncio.gather(*(bk.ledger_metadata(lid) for lid in ids[start:start + 64]),
-                                   return_exceptions=True)
-        for md in mds:
-            if isinstance(md, NoSuchLedgerError):
-                continue  # deleted meanwhile
-            if isinstance(md, BaseException):
-                raise md
-            if not md.is_closed:
-                largest = max(largest, md.ensemble_size)
+    largest = await largest_open_ensemble(bk)
     reason = stop_refusal(args.bookie_id, writable, largest_open_ensemble=largest, min_writable=args.min_writable)
     if args.json:
         print(json.dumps({"bookie_id": args.bookie_id, "can_stop": reason is None, "reason": reason,
@@ -107,12 +96,81 @@ async def cmd_bookies_can_stop(bk: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+SCAN_BATCH = 1000  # ledgers whose metadata one pipelined read fetches (bounds what a scan holds)
+
+
+async def largest_open_ensemble(bk: Any) -> int:
+    """The largest ensemble of an open ledger (0: none open), from one pass over every ledger's
+    metadata. Why this shape: there is no index of open ledgers, so each ledger is read once,
+    but ids come a bucket at a time (BookKeeper.list_ledgers) and each batch of SCAN_BATCH is
+    one pipelined read (ZkMetadataStore.read_ledgers): ~N/SCAN_BATCH round trips plus one per
+    bucket instead of one per ledger, and at most a bucket's ids and a batch's metadata held."""
+    largest = 0
+    async with contextlib.aclosing(bk.list_ledgers()) as ids:
+        batch: list[int] = []
+        async for lid in ids:
+            batch.append(lid)
+            if len(batch) == SCAN_BATCH:
+                largest = max(largest, await _largest_open(bk, batch))
+                batch = []
+    return max(largest, await _largest_open(bk, batch)) if batch else largest
+
+
+async def _largest_open(bk: Any, ledger_ids: list[int]) -> int:
+    mds = await bk.metadata_call(bk.store.read_ledgers, ledger_ids)  # None: deleted meanwhile
+    return max((md.ensemble_size for md in mds if md is not None and not md.is_closed), default=0)
+
+
 # -- ledgers ---------------------------------------------------------------------
+def cmd_ledgers_list(args: argparse.Namespace) -> int:
+    """Ledger ids >= --from, ascending, printed as they are listed: plain (one per line), the
+    count alone (--count) or one JSON array (--json). Bad numbers are refused before connecting."""
+    for option, value in (("--from", args.from_), ("--limit", args.limit)):
+        if value is not None and value < 0:
+            raise UsageError(f"{option} must be >= 0, got {value}")
+    return _ledgers_list(args)
+
+
 @_with_client
-async def cmd_ledgers_list(bk: Any, args: argparse.Namespace) -> int:
-    async for lid in bk.list_ledgers():
-        print(lid)
+async def _ledgers_list(bk: Any, args: argparse.Namespace) -> int:
+    async with contextlib.aclosing(_listed(bk, args)) as ids:
+        if args.count:
+            n = 0
+            async for _ in ids:
+                n += 1
+            print(n)
+        elif args.json:
+            await _print_json_array(ids)
+        else:
+            async for lid in ids:
+                sys.stdout.write(f"{lid}\n")
     return 0
+
+
+async def _listed(bk: Any, args: argparse.Namespace) -> AsyncIterator[int]:
+    """The ids `bk ledgers list` prints. Why streamed and closed early: BookKeeper.list_ledgers
+    reads one bucket (<= 10^4 ids) at a time, so the first id comes after a few ZooKeeper reads
+    at any size and memory stays flat; --limit (or a reader that went away, `| head`) ends the
+    listing itself, so the buckets past it are never read."""
+    if args.limit == 0:
+        return
+    async with contextlib.aclosing(bk.list_ledgers(start=args.from_)) as ids:
+        n = 0
+        async for lid in ids:
+            yield lid
+            n += 1
+            if n == args.limit:
+                return
+
+
+async def _print_json_array(ids: AsyncIterator[int]) -> None:
+    """One JSON array written as the ids come, one per line (`[`, `1,`, `2`, `]`; `[]` when
+    empty): valid JSON for a parser that reads it whole, never all of it in memory here."""
+    sep = "[\n"
+    async for lid in ids:
+        sys.stdout.write(f"{sep}{lid}")
+        sep = ",\n"
+    sys.stdout.write("[]\n" if sep == "[\n" else "\n]\n")
 
 
 @_with_client
@@ -676,7 +734,16 @@ def _add_bookies_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 def _add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("ledgers", parents=[common], help="ledger listing")
     lsub = s.add_subparsers(dest="ledgers_cmd", required=True)
-    lsub.add_parser("list", parents=[common], help="every ledger id, one per line").set_defaults(func=cmd_ledgers_list)
+    s = lsub.add_parser("list", parents=[common], help="ledger ids in ascending order, one per line, streamed")
+    s.add_argument("--from", dest="from_", type=int, default=0, metavar="ID",
+                   help="start at the first ledger id >= ID (default 0)")
+    s.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="at most N ids; the listing stops there (default: all)")
+    s.add_argument("--count", action="store_true",
+                   help="print only how many ids there are (after --from and --limit)")
+    s.add_argument("--json", action="store_true",
+                   help="one JSON array, written as it is listed (one id per line)")
+    s.set_defaults(func=cmd_ledgers_list)
 
     s = sub.add_parser("ledger", parents=[common], help="one ledger: metadata, entries, deletion")
     lsub = s.add_subparsers(dest="ledger_cmd", required=True)
@@ -730,7 +797,7 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=int, default=1000, metavar="N", help="stream: records per write_batch")
     s.add_argument("--scale", type=float, default=1.0, metavar="X",
                    help="spark: multiplies the ledgers' entry counts")
-    s.add_argument("--ledgers", default="10,100,1000,10000", metavar="N,N,...",
+    s.add_argument("--ledgers", default="10,100,1000,10000", metavar="COUNTS",
                    help="ledgers: the ledger counts to run the phases at (default 10,100,1000,10000)")
     s.add_argument("--metadata", type=int, default=0, metavar="N",
                    help="ledgers: also time a GC pass and a listing over N ledgers' metadata (e.g. 1000000)")

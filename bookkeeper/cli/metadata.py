@@ -13,14 +13,15 @@ import json
 from typing import Any
 
 from bookkeeper.cli.common import client_settings, metadata_uri
+from bookkeeper.client.config import ClientConfig
 from bookkeeper.meta.zk import ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 
 
 def _store(args: argparse.Namespace) -> ZkMetadataStore:
-    cfg = client_settings(args)
-    return ZkMetadataStore(metadata_uri(args), create=False, session_timeout_ms=cfg.zk_session_timeout_ms,
-                           connect_timeout_s=cfg.zk_connect_timeout_s, security=zk_security_from(cfg))
+    """The store with the CLI's client settings (BK_* environment: credentials, TLS)."""
+    security = zk_security_from(ClientConfig(**client_settings()).validate())
+    return ZkMetadataStore(metadata_uri(args), create=False, security=security)
 
 
 def cmd_metadata_status(args: argparse.Namespace) -> int:

@@ -384,7 +384,12 @@ class BookKeeper:
             return self._principal, self._roles
         raise last
 
-    async def list_ledgers(self) -> AsyncIterator[int]:
-        ids = await self.metadata_call(lambda: list(self.store.list_ledgers()))
-        for lid in ids:
-            yield lid
+    async def list_ledgers(self, start: int = 0) -> AsyncIterator[int]:
+        """Ledger ids >= start, ascending, one bucket (<= 10^4 ids) read at a time: the first
+        comes after a few ZooKeeper reads however many ledgers there are, and nothing holds
+        them all (`bk ledgers list` streams)."""
+        buckets = self.store.ledger_buckets(start)
+        while (bucket := await self.metadata_call(next, buckets, None)) is not None:
+            for lid in await self.metadata_call(self.store.bucket_ledger_ids, bucket):
+                if lid >= start:
+                    yield lid

@@ -30,13 +30,14 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
-from kazoo.protocol.states import WatchedEvent
+from kazoo.exceptions import (AuthFailedError, BadVersionError, NoAuthError, NodeExistsError, NoNodeError,
+                              NotEmptyError, RolledBackError)
+from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
 from bookkeeper.errors import (
     InternalError,
@@ -47,10 +48,19 @@ from bookkeeper.errors import (
     StreamExistsError,
     StreamNotFoundError,
 )
+from bookkeeper.meta.zk import metadata_auth_error
 
 FORMAT = 1
 LOCK_PREFIX = "w-"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+MAX_NAME = 200
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")
+# The most namespaces, and streams per namespace. Why a limit: a listing (`list_streams`, `bk
+# stream list`) is one ZooKeeper reply, and a reply past jute.maxbuffer (0xfffff bytes by
+# default) is refused by ZooKeeper's Java clients and tools: the znode could no longer be
+# listed there. A name costs 4 bytes + its length in the reply, so 4,096 names of the longest
+# allowed length (200) take 820 KiB: room for any names, and for a few creates racing past
+# the count (each checks the count it read, not a lock).
+MAX_CHILDREN = 4096
 
 
 def check_name(kind: str, name: str) -> str:
@@ -146,13 +156,15 @@ class StreamStore:
         return f"{self.stream_path(ns, name)}/lock"
 
     def _segment_path(self, ns: str, name: str, seq: int) -> str:
-        return f"{self.stream_path(ns, name)}/segments/{seq:010d}"
+        return f"{self._segments_base(ns, name)}/{seq:010d}"
 
     # -- namespaces and streams ---------------------------------------------------------
     def ensure_namespace(self, ns: str) -> None:
         path = self.ns_path(ns)
         if self.zk.exists(path) is None:
             self.zk.ensure_path(self.base)
+            _check_room(self.zk.exists(self.base), f"namespace {ns!r}", "the cluster",
+                        "delete unused namespaces")
             try:
                 self.zk.create(path, json.dumps({"format": FORMAT, "ctime_ms": now_ms()}).encode())
             except NodeExistsError:
@@ -161,8 +173,10 @@ class StreamStore:
     def create_stream(self, ns: str, meta: StreamMeta) -> None:
         """Stream node, segments/ and lock/ in one multi-op: a stream exists whole or not at all."""
         path = self.stream_path(ns, meta.name)
-        if self.zk.exists(self.ns_path(ns)) is None:
+        stat = self.zk.exists(self.ns_path(ns))
+        if stat is None:
             raise StreamNotFoundError(f"namespace {ns!r} does not exist")
+        _check_room(stat, f"stream {meta.name!r}", f"namespace {ns!r}", "create it in another namespace")
         t = self.zk.transaction()
         t.create(path, meta.to_json())
         t.create(f"{path}/segments", b"")
@@ -185,23 +199,54 @@ class StreamStore:
             raise StreamNotFoundError(f"stream {name!r} does not exist in namespace {ns!r}") from None
         return StreamMeta(name=name, version=stat.version, **_load(data, f"stream {ns}/{name}"))
 
-    def segments(self, ns: str, name: str, watch: Callable[[WatchedEvent], None] | None = None) -> list[Segment]:
-        """All segments, oldest first; with `watch`, a one-shot watch on the segment list."""
-        base = f"{self.stream_path(ns, name)}/segments"
+    def segments(self, ns: str, name: str) -> list[Segment]:
+        """All segments, oldest first (list_segments without its version or watch)."""
+        return self.list_segments(ns, name)[1]
+
+    def list_segments(self, ns: str, name: str, watch: Callable[[WatchedEvent], None] | None = None, *,
+                      known: Iterable[Segment] = ()) -> tuple[int, list[Segment]]:
+        """(the segment list's version, all segments oldest first); with `watch`, a one-shot
+        watch on the segment list. `known`: segments read before; the closed ones are returned as
+        they are instead of read again (a closed segment's figures never change; only its
+        state may turn truncated, on its way to deletion).
+
+        Why one listing and pipelined reads: a segment node read in a round trip of its own
+        made every listing S round trips, on every roll's retention pass and every reader's
+        re-list; now it is two round trips, and S reads (fewer with `known`: a tailing reader
+        reads the new segment and the one that was open). The version is the segments
+        znode's pzxid (moved by every segment added or deleted, never repeated):
+        segments_version() tells whether a listing is still current in one stat."""
+        base = self._segments_base(ns, name)
         try:
-            children = sorted(self.zk.get_children(base, watch=watch))
+            children, parent = self.zk.get_children(base, watch=watch, include_data=True)
         except NoNodeError:
             raise StreamNotFoundError(f"stream {name!r} does not exist in namespace {ns!r}") from None
+        kept = {s.seq: s for s in known if s.state == "closed"}
+        pending = [(child, None if int(child) in kept else self.zk.get_async(f"{base}/{child}"))
+                   for child in sorted(children)]
         out = []
-        for child in children:
+        for child, reply in pending:
+            if reply is None:
+                out.append(kept[int(child)])
+                continue
             try:
-                data, stat = self.zk.get(f"{base}/{child}")
+                data, stat = reply.get()
             except NoNodeError:
                 continue  # deleted by retention between the listing and the read
+            except (NoAuthError, AuthFailedError) as e:  # the sync calls' mapping (GuardedKazooClient)
+                raise metadata_auth_error(e, "read", f"{base}/{child}", self.zk.security) from None
             d = _load(data, f"segment {ns}/{name}/{child}")
             d["size_bytes"] = d.pop("bytes")
             out.append(Segment(version=stat.version, **d))
-        return out
+        return int(parent.pzxid), out
+
+    def segments_version(self, ns: str, name: str) -> int | None:
+        """The version list_segments returns, from one stat (None: the stream is gone)."""
+        stat = self.zk.exists(self._segments_base(ns, name))
+        return None if stat is None else int(stat.pzxid)
+
+    def _segments_base(self, ns: str, name: str) -> str:
+        return f"{self.stream_path(ns, name)}/segments"
 
     def add_segment(self, ns: str, stream: StreamMeta, segment: Segment) -> tuple[StreamMeta, Segment]:
         """Create segment `stream.next_seq` iff the stream node is still at stream.version."""
@@ -305,6 +350,14 @@ class StreamStore:
     def lock_watch(self, path: str, watch: Callable[[WatchedEvent], None]) -> bool:
         """Watch a lock node; False if it is already gone."""
         return self.zk.exists(path, watch=watch) is not None
+
+
+def _check_room(parent: ZnodeStat | None, what: str, where: str, advice: str) -> None:
+    """Refuse a child past MAX_CHILDREN (a namespace, or a stream in a namespace): see there."""
+    if parent is not None and parent.numChildren >= MAX_CHILDREN:
+        raise InvalidArgumentError(
+            f"cannot create {what}: {where} has {parent.numChildren}, the most allowed is {MAX_CHILDREN} "
+            f"(one ZooKeeper listing must hold them all, within jute.maxbuffer's 1 MiB); {advice}")
 
 
 def _raise_first(results: list[Any], what: str) -> None:

@@ -8,9 +8,13 @@ Layout under the root (default /ledgers), see docs/metadata.md:
   available/readonly/<bookie_id>  ephemeral: same, for read-only bookies
   cookies/<bookie_id>             JSON cookie: which directories this bookie id owns
   decommissioning/<bookie_id>     an operator asked this bookie to turn read-only for good
-  idgen/ID-<seq>                  transient sequential nodes: ledger id allocation
+  LAYOUT                          JSON {"layout": N}: the metadata layout version (absent: 1)
+  idblocks                        layout 2: the next ledger id not yet reserved (decimal)
+  idgen/ID-<seq>                  layout 1: transient sequential nodes, one per ledger id;
+                                  retired (read-only ACL) from layout 2 on
   underreplication/...            auto-recovery: marks, locks, election (meta/underreplication.py)
-  <2 digits>/<4 digits>/L<4 digits>  ledger metadata, hierarchical by the 10-digit id
+  <2 digits>/<4 digits>/L<4 digits>  ledger metadata of ids < 10^10, by the 10-digit id
+  <3>/<4>/<4>/<4>/L<4 digits>        ledger metadata of ids >= 10^10, by the 19-digit id
 
 With credentials (ZkSecurity.auth) every znode it writes carries the ACL of
 meta/zk_security.py (kazoo's default_acl, so ensure_path's parents too), and ZooKeeper's
@@ -37,12 +41,15 @@ from kazoo.exceptions import (AuthFailedError, BadVersionError, NoAuthError, Nod
                               NotEmptyError)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
+from kazoo.security import make_acl
 
 from bookkeeper.errors import (
     ConfigError,
     InvalidArgumentError,
     LedgerExistsError,
+    LedgerIdsExhaustedError,
     MetadataAuthError,
+    MetadataLayoutError,
     MetadataVersionError,
     NoSuchLedgerError,
 )
@@ -139,12 +146,55 @@ for _name, _op in (("create", "create"), ("ensure_path", "create"), ("get", "rea
     _guard(_name, _op)
 
 
+LEGACY_MAX_ID = 10**10 - 1  # the largest id the 10-digit paths hold
+BUCKET_SPAN = 10_000  # ledgers per bucket: the leaf's 4 digits
+# The digit widths of the levels above a bucket's leaves, per subtree, in id order: ids below
+# 10^10 (Apache BookKeeper's HierarchicalLedgerManager: 2/4/L4), then the rest
+# (LongHierarchicalLedgerManager: 3/4/4/4/L4 of the 19-digit id). A level's names differ in
+# length between the two, so each lister tells them apart and nothing ever moves.
+SUBTREES = ((2, 4), (3, 4, 4, 4))
+SUPPORTED_LAYOUT = 2  # the newest metadata layout this code reads and writes (docs/metadata.md)
+FIRST_BLOCK, MAX_BLOCK = 64, 4096  # ids a client reserves at once: doubling from the first to the max
+RETIRED_IDGEN = (b"retired by `bk metadata upgrade` (layout 2): ledger ids come from idblocks; "
+                 b"a client creating under idgen predates that layout and must be upgraded")
+
+
 def ledger_path(root: str, ledger_id: int) -> str:
-    """Hierarchical path of a ledger's metadata (as Apache BookKeeper's HierarchicalLedgerManager)."""
+    """Hierarchical path of a ledger's metadata: 2/4/L4 digits below 10^10 (as Apache BookKeeper's
+    HierarchicalLedgerManager), 3/4/4/4/L4 of the 19-digit id above (its LongHierarchical one)."""
     if not 0 <= ledger_id <= MAX_LEDGER_ID:
         raise InvalidArgumentError(f"ledger id out of range: {ledger_id}")
-    s = f"{ledger_id:010d}"
-    return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+    if ledger_id <= LEGACY_MAX_ID:
+        s = f"{ledger_id:010d}"
+        return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+    s = f"{ledger_id:019d}"
+    return f"{root}/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
+
+
+def _digits_below(root: str, bucket: str) -> str:
+    return "".join(bucket[len(root) + 1:].split("/"))
+
+
+def bucket_base(root: str, bucket: str) -> int:
+    """The smallest id a bucket path (from ledger_buckets) can hold."""
+    return int(_digits_below(root, bucket)) * BUCKET_SPAN
+
+
+class _IdBlock:
+    """The ids this store reserved and has not handed out: [next, end). Thread-safe: creates
+    come from the client's loop and from executor threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.next = self.end = 0
+        self.size = FIRST_BLOCK
+
+    def take(self) -> int | None:
+        with self.lock:
+            if self.next >= self.end:
+                return None
+            self.next += 1
+            return self.next - 1
 
 
 class ZkMetadataStore:
@@ -169,6 +219,8 @@ class ZkMetadataStore:
         self.security = security or ZkSecurity()
         self.doc = SecurityDoc()
         self._private_key: X25519PrivateKey | None = None
+        self._ids = _IdBlock()
+        self.layout = 1  # read below: ensure_layout (bookies) or _check_cluster (clients)
         self._injected = client is not None
         self.zk: KazooClient = client if client is not None else start_client(
             self.hosts, session_timeout_s=session_timeout_ms / 1000.0, connect_timeout_s=connect_timeout_s,
@@ -194,6 +246,7 @@ class ZkMetadataStore:
         except NoNodeError:
             raise ConfigError(f"no BookKeeper cluster at {self.uri}: {self.root}/INSTANCEID does not exist "
                           f"(check the path, or start a bookie first)") from None
+        self.layout = self.layout_version()
 
     def close(self) -> None:
         """End the session, waiting at most CLOSE_TIMEOUT_S. Why bounded: kazoo's stop() joins its
@@ -309,12 +362,162 @@ class ZkMetadataStore:
 
     # -- layout ------------------------------------------------------------
     def ensure_layout(self) -> None:
-        for sub in ("available/readonly", "cookies", "idgen", "decommissioning"):
+        """The cluster's znodes; a new cluster starts at the newest layout (its INSTANCEID,
+        LAYOUT and id counter made in one multi-op), an existing one keeps its own until an
+        operator runs `bk metadata upgrade` (old clients may still be running)."""
+        for sub in ("available/readonly", "cookies", "decommissioning"):
             self.zk.ensure_path(f"{self.root}/{sub}")
+        if self.zk.exists(f"{self.root}/INSTANCEID") is None:
+            tx = self.zk.transaction()
+            tx.create(f"{self.root}/INSTANCEID", uuid.uuid4().hex.encode())
+            tx.create(self.layout_path, self._layout_doc(SUPPORTED_LAYOUT))
+            tx.create(self.idblocks_path, b"0")
+            tx.create(self.idgen_path, RETIRED_IDGEN, acl=[make_acl("world", "anyone", read=True, admin=True)])
+            if not any(isinstance(r, NodeExistsError) for r in tx.commit()):
+                self.layout = SUPPORTED_LAYOUT
+                return
+        self.zk.ensure_path(self.idgen_path)
+        self.layout = self.layout_version()
+
+    def instance_id(self) -> str:
+        return self.zk.get(f"{self.root}/INSTANCEID")[0].decode()
+
+    # -- the layout version and the id allocator --------------------------------------
+    @property
+    def layout_path(self) -> str:
+        return f"{self.root}/LAYOUT"
+
+    @property
+    def idblocks_path(self) -> str:
+        return f"{self.root}/idblocks"
+
+    @property
+    def idgen_path(self) -> str:
+        return f"{self.root}/idgen"
+
+    @staticmethod
+    def _layout_doc(version: int) -> bytes:
+        return json.dumps({"layout": version, "allocator": "blocks" if version >= 2 else "sequential"}).encode()
+
+    def layout_version(self) -> int:
+        """The cluster's metadata layout (1 when LAYOUT is absent: a cluster made before it).
+        MetadataLayoutError for a layout newer than this code: it would write what the
+        cluster's other members no longer read."""
         try:
-            self.zk.create(f"{self.root}/INSTANCEID", uuid.uuid4().hex.encode())
-        except NodeExistsError:
-            pass
+            data, _ = self.zk.get(self.layout_path)
+        except NoNodeError:
+            return 1
+        try:
+            version = int(json.loads(data)["layout"])
+        except (ValueError, KeyError, TypeError):
+            raise MetadataLayoutError(f"{self.layout_path} holds no layout version: {data[:80]!r}") from None
+        if version > SUPPORTED_LAYOUT:
+            raise MetadataLayoutError(f"the cluster's metadata layout is {version}; this version of bookkeeper "
+                                      f"knows up to {SUPPORTED_LAYOUT}: upgrade it")
+        return version
+
+    def allocate_ledger_id(self) -> int:
+        """A cluster-unique ledger id, never handed out before. Layout 2: from this store's
+        block, reserving the next block when it is used up (one compare-and-set on idblocks
+        per block: a create costs ~1 ZooKeeper write, its metadata's); the ids left in a
+        block when the store closes are skipped, never reused. Layout 1: a sequential znode,
+        made and deleted (two writes), until its 32-bit counter wraps."""
+        lid = self.take_ledger_id()
+        if lid is not None:
+            return lid
+        if self.layout < 2:
+            return self._sequential_id()
+        block = self._ids
+        with block.lock:
+            if block.next >= block.end:
+                block.next, block.end = self._reserve(block.size)
+                block.size = min(block.size * 2, MAX_BLOCK)
+            block.next += 1
+            return block.next - 1
+
+    def take_ledger_id(self) -> int | None:
+        """An id from this store's reserved block without a ZooKeeper call, or None."""
+        return self._ids.take()
+
+    def _reserve(self, size: int) -> tuple[int, int]:
+        """Reserve [first, first + size) on idblocks (compare-and-set; capped at MAX_LEDGER_ID)."""
+        while True:
+            data, stat = self.zk.get(self.idblocks_path)
+            first = int(data)
+            if first > MAX_LEDGER_ID:
+                raise LedgerIdsExhaustedError(f"every ledger id up to {MAX_LEDGER_ID} was handed out "
+                                              f"({self.idblocks_path} = {first})")
+            end = min(first + size, MAX_LEDGER_ID + 1)
+            try:
+                self.zk.set(self.idblocks_path, str(end).encode(), version=stat.version)
+            except BadVersionError:
+                continue  # another client reserved meanwhile
+            return first, end
+
+    def _sequential_id(self) -> int:
+        """Layout 1's allocation. The counter is a signed 32-bit int: past 2^31 - 1 it wraps
+        and `ID--2147483648` would parse as an id already handed out, so that is an error."""
+        try:
+            path = self.zk.create(f"{self.idgen_path}/ID-", b"", sequence=True)
+        except MetadataAuthError:
+            if self.layout_version() >= 2:  # upgraded while this store ran: switch allocators
+                self.layout = self.layout_version()
+                return self.allocate_ledger_id()
+            raise
+        self.zk.delete_async(path)  # its reply is not waited for: the id is ours either way
+        name = path.rsplit("/", 1)[1]
+        if name.startswith("ID--"):
+            raise LedgerIdsExhaustedError(f"layout 1's id counter ({self.idgen_path}) wrapped past 2^31 - 1: "
+                                          f"run `bk metadata upgrade` (ids then come from {self.idblocks_path})")
+        return int(name[3:])
+
+    def layout_status(self) -> dict[str, Any]:
+        """What `bk metadata status` prints."""
+        layout = self.layout_version()
+        if layout >= 2:
+            next_id = int(self.zk.get(self.idblocks_path)[0])
+        else:
+            stat = self.zk.exists(self.idgen_path)
+            next_id = stat.cversion if stat is not None else 0
+        return {"layout": layout, "supported": SUPPORTED_LAYOUT,
+                "allocator": "blocks" if layout >= 2 else "sequential", "next_id": next_id}
+
+    def upgrade_layout(self) -> dict[str, Any]:
+        """Move a layout-1 cluster to layout 2; a no-op at 2 (and safe to run again after a
+        crash part way). Order: idgen is retired first (read-only ACL: an old client's
+        create fails NoAuth from then on, naming the upgrade), then the counter starts past
+        every id idgen can have handed out (its cversion bounds its sequence numbers) and
+        every id in use, and LAYOUT is written with it in one multi-op."""
+        if self.layout_version() >= 2:
+            return self.layout_status()
+        self.zk.ensure_path(self.idgen_path)
+        self.zk.set(self.idgen_path, RETIRED_IDGEN)
+        self.zk.set_acls(self.idgen_path, [make_acl("world", "anyone", read=True, admin=True)])
+        stat = self.zk.exists(self.idgen_path)
+        sequenced = stat.cversion if stat.cversion >= 0 else 2**31
+        first = max(sequenced, self.max_ledger_id() + 1)
+        tx = self.zk.transaction()
+        try:
+            data, counter = self.zk.get(self.idblocks_path)
+            tx.set_data(self.idblocks_path, str(max(first, int(data))).encode(), version=counter.version)
+        except NoNodeError:
+            tx.create(self.idblocks_path, str(first).encode())
+        tx.create(self.layout_path, self._layout_doc(2))
+        results = tx.commit()
+        if any(isinstance(r, Exception) for r in results) and self.layout_version() < 2:
+            raise MetadataVersionError(f"the upgrade's multi-op failed ({results}); run it again")
+        self.layout = 2
+        return self.layout_status()
+
+    def max_ledger_id(self) -> int:
+        """The largest id with metadata (-1: none): the last bucket of the last subtree that
+        has one, read from the end (a few listings, not a walk)."""
+        for widths in reversed(SUBTREES):
+            for bucket in self._buckets_of(widths, reverse=True):
+                ids = self.bucket_ledger_ids(bucket)
+                if ids:
+                    return ids[-1]
+        return -1
 
     def instance_id(self) -> str:
         return self.zk.get(f"{self.root}/INSTANCEID")[0].decode()
@@ -434,12 +637,6 @@ class ZkMetadataStore:
             pass
 
     # -- ledger ids and metadata ---------------------------------------------
-    def allocate_ledger_id(self) -> int:
-        """A cluster-unique ledger id from a ZooKeeper sequential node."""
-        path = self.zk.create(f"{self.root}/idgen/ID-", b"", sequence=True)
-        self.zk.delete(path)
-        return int(path.rsplit("-", 1)[1])
-
     def create_ledger(self, md: LedgerMetadata) -> LedgerMetadata:
         """Store a new ledger's metadata, recording this store's principal as its creator (unless
         md names one) and sealing its password when the cluster has a key; the snapshot returned
@@ -482,12 +679,22 @@ class ZkMetadataStore:
             self.zk.delete(path)
         except NoNodeError as e:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from e
-        # Remove emptied parent levels; a concurrent create may refill them (NotEmpty: fine).
-        for parent in (path.rsplit("/", 1)[0], path.rsplit("/", 2)[0]):
+        self._prune_parents(path)
+
+    def _prune_parents(self, path: str) -> None:
+        """Remove the parent levels a delete emptied. A stat (a read, served locally) first: a
+        delete of a non-empty parent is a failed write through the leader, per ledger deleted.
+        A concurrent create may refill a parent between the two (NotEmpty: fine)."""
+        parent = path.rsplit("/", 1)[0]
+        while parent != self.root:
+            stat = self.zk.exists(parent)
+            if stat is None or stat.numChildren:
+                return
             try:
                 self.zk.delete(parent)
             except (NotEmptyError, NoNodeError):
-                break
+                return
+            parent = parent.rsplit("/", 1)[0]
 
     def ledger_exists(self, ledger_id: int) -> bool:
         if not 0 <= ledger_id <= MAX_LEDGER_ID:
@@ -523,20 +730,13 @@ class ZkMetadataStore:
             return None
         return stat.pzxid, sorted(int(n[1:]) for n in names if n.startswith("L") and n[1:].isdigit())
 
-    def list_ledgers(self) -> Iterator[int]:
-        """Ledger ids in ascending order, walking the hierarchy level by level."""
-        def children(path: str) -> list[str]:
-            try:
-                return sorted(self.zk.get_children(path))
-            except NoNodeError:
-                return []
-        for a in children(self.root):
-            if not (len(a) == 2 and a.isdigit()):
-                continue
-            for b in children(f"{self.root}/{a}"):
-                for c in children(f"{self.root}/{a}/{b}"):
-                    if c.startswith("L") and c[1:].isdigit():
-                        yield int(a + b + c[1:])
+    def list_ledgers(self, start: int = 0) -> Iterator[int]:
+        """Ledger ids >= start in ascending order, lazily: one listing per bucket (<= 10^4 ids
+        held at a time), buckets below `start` never listed."""
+        for bucket in self.ledger_buckets(start):
+            for lid in self.bucket_ledger_ids(bucket):
+                if lid >= start:
+                    yield lid
 
     # -- auto-recovery reads (docs/autorecovery.md) -----------------------------------
     def bookie_ids(self, *, readonly: bool = False, watch: Callable[[WatchedEvent], None] | None = None) -> set[str]:
@@ -554,26 +754,39 @@ class ZkMetadataStore:
         except NoNodeError:
             return []
 
-    def ledger_levels(self) -> list[str]:
-        """The first level of the ledger hierarchy (`<root>/<2 digits>`, at most 100): one read."""
-        return [f"{self.root}/{a}" for a in self._sorted_children(self.root) if len(a) == 2 and a.isdigit()]
+    def ledger_buckets(self, start: int = 0) -> Iterator[str]:
+        """Every bucket (the parent of up to 10^4 ledgers' znodes) in id order, lazily, from the
+        one that would hold `start`: the 10-digit subtree, then the 19-digit one. At most one
+        level's names (<= 10^4) are held per level at a time."""
+        for widths in SUBTREES:
+            yield from self._buckets_of(widths, start=start)
 
-    def level_buckets(self, level: str) -> list[str]:
-        """The buckets (`<level>/<4 digits>`, each the parent of up to 10^4 ledgers): one read."""
-        return [f"{level}/{b}" for b in self._sorted_children(level) if len(b) == 4 and b.isdigit()]
+    def _buckets_of(self, widths: tuple[int, ...], *, start: int = 0, reverse: bool = False) -> Iterator[str]:
+        """The buckets of one subtree (its levels' digit widths), skipping those wholly below
+        `start` (a level's name is compared with the same digits of start's id)."""
+        digits = sum(widths) + 4
+        if start > 10**digits - 1:
+            return
+        low = f"{max(start, 0):0{digits}d}"
 
-    def ledger_buckets(self) -> Iterator[str]:
-        """Every bucket in id order, lazily: at most one level's names (<= 10^4) held at a time."""
-        for level in self.ledger_levels():
-            yield from self.level_buckets(level)
+        def walk(path: str, level: int, prefix: str, bounded: bool) -> Iterator[str]:
+            if level == len(widths):
+                yield path
+                return
+            width = len(prefix) + widths[level]
+            floor = low[len(prefix):width] if bounded else ""
+            names = [c for c in self._sorted_children(path)
+                     if len(c) == widths[level] and c.isdigit() and c >= floor]
+            for name in reversed(names) if reverse else names:
+                yield from walk(f"{path}/{name}", level + 1, prefix + name, bounded and name == floor)
+        yield from walk(self.root, 0, "", True)
 
     def bucket_ledger_ids(self, bucket: str) -> list[int]:
         """The ledger ids under a bucket path from ledger_buckets(), ascending (one read)."""
         got = self.bucket_ledgers(bucket)
         if got is None:
             return []
-        a, b = bucket.rsplit("/", 2)[1:]
-        base = int(a + b) * 10_000
+        base = bucket_base(self.root, bucket)
         return [base + suffix for suffix in got[1]]
 
     def read_ledgers(self, ledger_ids: list[int]) -> list[LedgerMetadata | None]:

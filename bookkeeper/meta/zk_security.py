@@ -183,6 +183,9 @@ class SecurityDoc:
 
 def no_auth_message(op: str, path: str, security: ZkSecurity) -> str:
     """Why ZooKeeper answered NoAuth, naming the operation, the path and whose credentials."""
+    if op == "create" and path.rsplit("/", 2)[-2:-1] == ["idgen"]:
+        return (f"ZooKeeper refused {op} on {path}: ledger ids no longer come from idgen, the cluster's "
+                f"metadata was upgraded (`bk metadata upgrade`, layout 2): upgrade this client")
     if not security.auth:
         return f"ZooKeeper refused {op} on {path}: no credentials (set zk_auth)"
     return (f"ZooKeeper refused {op} on {path} to {security.scheme} user {security.principal!r}: the node's ACL "

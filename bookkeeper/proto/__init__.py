@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_MAX_FRAME_BYTES", "ENTRY_HEADER_BYTES", "MASTER_KEY_BYTES", 
            "shard_for_ledger"]
 
 DEFAULT_MAX_FRAME_BYTES = 5 * 1024 * 1024
-MAX_LEDGER_ID = 10**10 - 1  # ledger metadata paths hold 10 digits (docs/metadata.md)
+MAX_LEDGER_ID = 2**63 - 1  # ids past 10^10 - 1 live in metadata's 19-digit subtree (docs/metadata.md)
 NO_KEY = bytes(MASTER_KEY_BYTES)
 
 

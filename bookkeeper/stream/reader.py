@@ -6,12 +6,22 @@ cursor's segment. Rolls, retention deleting segments under it, empty segments re
 by a new writer and gaps in sequence numbers are all the same case, and a record is
 never returned twice because nothing below the cursor is ever returned.
 
+Why the segment list is kept and not re-read at every step: a listing reads every segment
+node, so a reader catching up over S segments that re-listed at each one made O(S^2) reads.
+It lists once, with a children watch on the stream's segments znode, and lists again only
+after that watch fires (a roll added a segment, retention or a new writer removed one), or
+when a segment it was reading vanished. What a kept listing can get wrong is harmless: an
+open segment since closed is read through its ledger's own metadata, a segment since deleted
+is skipped when its ledger is missing. A reader waiting at the end checks every _RESCAN_S
+that the list did not change without its watch firing: one stat, not a listing.
+
 A reader reads only up to a segment's LAC (acknowledged records), takes no lock and
 writes nothing: any number of readers can follow a stream.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,7 +37,7 @@ if TYPE_CHECKING:
     from bookkeeper.stream.namespace import Namespace
 
 log = logging.getLogger(__name__)
-_RESCAN_S = 5.0  # a lost segment watch costs at most this much latency
+_RESCAN_S = 5.0  # a lost segment watch costs at most this much latency (and one stat per period)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +59,9 @@ class StreamReader:
         self._loop = asyncio.get_running_loop()
         self._cursor = Position(0, 0, 0)
         self._min_txid = -1
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # the segments' children watch fired since the last listing
+        self._segs: list[Segment] | None = None  # segments as last listed (None: not yet)
+        self._listed_version: int | None = None  # the segment list's version (pzxid) at that listing
         self._gen: AsyncIterator[StreamRecord] | None = None
 
     @property
@@ -60,7 +72,7 @@ class StreamReader:
     # -- where to start ---------------------------------------------------------------------
     async def _seek(self, start: str | Position, txid: int | None) -> None:
         meta = await self._ns.stream_meta(self.name)
-        segs = self._live(await self._ns.segments(self.name))
+        segs = await self._segments()
         if txid is not None:
             if not isinstance(txid, int):
                 raise TypeError(f"txid must be an int, not {type(txid).__name__}")
@@ -115,17 +127,12 @@ class StreamReader:
 
     async def _records(self) -> AsyncIterator[StreamRecord]:
         while True:
-            self._changed.clear()
-            segs = await self._watch_segments()
+            segs = await self._segments()
             seg = next((s for s in segs if s.seq >= self._cursor.segment), None)
             if seg is None:
                 if not self._follow:
                     return
-                try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancellation (Ctrl-C)
-                    async with asyncio.timeout(_RESCAN_S):  # that lands as the event is set
-                        await self._changed.wait()
-                except TimeoutError:
-                    pass
+                await self._wait_for_segments()
                 continue
             if seg.seq > self._cursor.segment:
                 self._cursor = Position(seg.seq, 0, 0)
@@ -133,18 +140,42 @@ class StreamReader:
                 async for rec in self._segment_records(seg):
                     yield rec
             except NoSuchLedgerError:
-                continue  # deleted by retention under us: re-list, go on from the cursor
+                self._changed.set()  # deleted by retention under us: re-list, go on from the cursor
+                continue
             if seg.state == "open" and not self._follow:
                 return
             self._cursor = Position(seg.seq + 1, 0, 0)
 
-    async def _watch_segments(self) -> list[Segment]:
+    async def _segments(self) -> list[Segment]:
+        """The live segments: the kept listing, or a new one (with the watch set again) when the
+        watch fired since or the kept one was dropped (see the module's note). A new listing
+        reads only the segments not closed when last read: a roll costs a tailing reader the
+        new segment and the one it closed, not every segment again."""
+        if self._segs is not None and not self._changed.is_set():
+            return self._live(self._segs)
         ns = self._ns
+        self._changed.clear()  # before the listing: a change after it fires the new watch
+        version, listed = await ns.bk.metadata_call(
+            functools.partial(ns.store.list_segments, ns.name, self.name, self._watch_fired, known=self._segs or ()))
+        self._listed_version, self._segs = version, listed
+        return self._live(listed)
 
-        def fire(_event: object) -> None:
-            self._loop.call_soon_threadsafe(self._changed.set)
-        segs = await ns.bk.metadata_call(ns.store.segments, ns.name, self.name, fire)
-        return self._live(segs)
+    def _watch_fired(self, _event: object) -> None:
+        """The segments' children watch (kazoo's thread). One bound method per reader: kazoo
+        keeps a path's watchers in a set, so listing again before it fires adds none."""
+        self._loop.call_soon_threadsafe(self._changed.set)
+
+    async def _wait_for_segments(self) -> None:
+        """At the end of the stream: until the watch fires, or _RESCAN_S passed and one stat
+        says the list changed anyway (a watch lost; a vanished stream is reported by the
+        listing that follows)."""
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancellation (Ctrl-C)
+            async with asyncio.timeout(_RESCAN_S):  # that lands as the event is set
+                await self._changed.wait()
+        except TimeoutError:
+            ns = self._ns
+            if await ns.bk.metadata_call(ns.store.segments_version, ns.name, self.name) != self._listed_version:
+                self._changed.set()
 
     async def _segment_records(self, seg: Segment) -> AsyncIterator[StreamRecord]:
         """Records of one segment from the cursor: a closed one read in windows, an open one
