@@ -122,3 +122,64 @@ def test_closed_loop_ends_with_the_error_of_a_sender_that_raises() -> None:
     for fail_after in (0, 2, 50):  # at once, among the first window, and later in the run
         with pytest.raises(RuntimeError, match=f"refused after {fail_after}"):
             uvloop.run(asyncio.wait_for(closed_loop([Sender(fail_after)], b"x", 30.0, 4, histogram()), 10))
+
+
+LEDGERS_PHASES = ["create", "first add", "write", "write + creates", "close", "recovery open", "open",
+                  "delete under load"]
+
+
+def test_bench_ledgers_reports_every_phase_at_each_count(tmp_path: Path) -> None:
+    """`bench ledgers` at two small counts: a row per phase and count with a rate and the CPU
+    each process spent per op, the per-count figures (memory, znodes, idle CPU, the idle GC
+    pass) and the --metadata figures. A figure not measured (the bookies do not export it yet,
+    or RSS per ledger below 1,000 ledgers) is null, never missing; the rest are numbers, and
+    the rates and per-ledger costs positive ones."""
+    doc = bench("ledgers", "--ledgers", "10,50", "--seconds", "1", "--metadata", "1000", tmp=tmp_path)
+    assert doc["bench"] == "ledgers"
+    assert [(r["ledgers"], r["phase"]) for r in doc["results"]] == [(n, p) for n in (10, 50) for p in LEDGERS_PHASES]
+    for r in doc["results"]:
+        assert r["ops_per_s"] > 0 and r["latency_ms"]["p99"] > 0, r
+        assert set(r["cpu_us_per_op"]) == {"client", "bookie0", "bookie1", "bookie2", "zookeeper"}
+        assert r["cpu_us_per_op"]["client"] > 0 and all(v >= 0 for v in r["cpu_us_per_op"].values()), r
+        assert r["zk_requests_per_op"] >= 0 and r["py_gc_us_per_op"] >= 0, r
+    rows = {(r["ledgers"], r["phase"]): r for r in doc["results"]}
+    for n in (10, 50):
+        assert rows[n, "create"]["zk_requests_per_op"] > 0 and rows[n, "write"]["mb_per_s"] > 0
+        assert rows[n, "write + creates"]["ratio_to_write"] > 0 and rows[n, "write + creates"]["creates_per_s"] > 0
+        delete = rows[n, "delete under load"]
+        assert delete["gc_passes"] >= 1 and all(v > 0 for v in delete["add_p99_ms"].values())
+        assert "loop_lag_max_s" in delete
+        s = doc["per_ledgers"][str(n)]
+        assert s["zk_znodes_per_ledger"] >= 1 and s["zk_bytes_per_ledger"] > 0 and s["ledgers_stored"] == 2 * n
+        assert s["client_rss_bytes_per_handle"] is None and s["bookie_rss_bytes_per_stored_ledger"] is None  # N < 1000
+        assert set(s["idle"]["cpu_percent"]) == set(rows[n, "create"]["cpu_us_per_op"])
+        assert s["idle"]["gc"]["duration_s"] >= 0 and "zk_reads" in s["idle"]["gc"]
+    md = doc["metadata"]
+    assert md["ledgers"] == 1000 and md["populate_per_s"] > 0 and md["zk_bytes_per_ledger"] > 0
+    assert md["list"]["lines"] >= 1000 and md["list"]["first_line_s"] > 0 and md["list"]["peak_rss_mb"] > 0
+    assert md["gc_after"]["duration_s"] >= 0
+    assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
+def test_bench_ledgers_reads_loop_lag_as_a_gauge_or_a_histogram_and_else_none() -> None:
+    """The shards' loop lag, whichever form the bookies export it in: a gauge's largest
+    sample over the phase; a histogram's smallest bucket bound that holds every observation
+    made during the phase; None when the bookies do not export it (the bench prints n/a)."""
+    from bookkeeper.bench.ledgers import LOOP_LAG, loop_lag_max, parse_metrics
+
+    def scrape(text: str) -> dict:
+        return parse_metrics(f"# TYPE {LOOP_LAG} {text}")
+
+    gauge = [scrape(f'gauge\n{LOOP_LAG}{{shard="0"}} {v}\n') for v in (0.001, 0.25, 0.002)]
+    assert loop_lag_max(gauge) == 0.25
+
+    def histogram(counts: tuple[int, ...]) -> dict:
+        buckets = "".join(f'{LOOP_LAG}_bucket{{le="{le}",shard="0"}} {n}\n'
+                          for le, n in zip(("0.01", "0.1", "1.0", "+Inf"), counts))
+        return scrape(f"histogram\n{buckets}{LOOP_LAG}_count {counts[-1]}\n{LOOP_LAG}_sum 0.5\n")
+
+    before, after = histogram((5, 5, 5, 5)), histogram((7, 8, 9, 9))
+    assert loop_lag_max([before, after]) == 1.0  # 4 new observations, the slowest in (0.1, 1.0]
+    assert loop_lag_max([before, before]) is None  # none observed during the phase
+    other = parse_metrics('# TYPE bookkeeper_ledgers gauge\nbookkeeper_ledgers{shard="0"} 3\n')
+    assert loop_lag_max([other, other]) is None

@@ -55,15 +55,28 @@ def latency_ms(lat: Latencies) -> dict[str, float]:
             for k, p in (("p50", 50.0), ("p99", 99.0), ("p999", 99.9))}
 
 
-def _status_mb(pid: int, field: str) -> float | None:
-    """A kB field of /proc/PID/status, in MiB (None once the process is gone)."""
+def _status_kb(pid: int, field: str) -> int | None:
+    """A kB field of /proc/PID/status ("VmHWM:", "RssAnon:", ...; None once the process is gone)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field):
-                return round(int(line.split()[1]) / 1024.0, 1)
+                return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def _status_mb(pid: int, field: str) -> float | None:
+    """A kB field of /proc/PID/status, in MiB (None once the process is gone)."""
+    kb = _status_kb(pid, field)
+    return None if kb is None else round(kb / 1024.0, 1)
+
+
+def rss_anon_kb(pid: int) -> int | None:
+    """RssAnon of a live process, in KiB: the memory it allocated, without the file pages it
+    maps (a shard's entry logs and index map), which come and go with the page cache. Why
+    KiB: per-ledger figures divide a small growth by the ledgers that made it."""
+    return _status_kb(pid, "RssAnon:")
 
 
 def peak_rss_mb(pid: int) -> float | None:

@@ -5,15 +5,27 @@ and the simulator's shards (bookkeeper/testing/sim), which run the same pass on 
 
 Finding deleted ledgers without listing ZooKeeper (Reference: Apache BookKeeper's
 ScanAndCompareGarbageCollector lists every ledger each cycle). Ledger metadata lives in
-buckets of up to 10^4 znodes (`<root>/AA/BBBB/LCCCC`, docs/metadata.md). A bucket's
-`pzxid` is the zxid of its last child create or delete, and zxids never repeat. So a
-shard remembers, per bucket it holds ledgers in, the pzxid and the ids listed at that
-pzxid; each cycle it reads only the bucket's stat, and lists the bucket again only when
-the pzxid moved. A held ledger absent from a listing whose pzxid has not moved since does
-not exist: its metadata was not there and nothing was created since. Per cycle that is one
-`exists` per bucket held (at 10^6 ledgers with dense ids: 100), plus one `getChildren` per
-bucket changed since the last cycle (a listing is at most 10^4 names, ~80 KB).
-Memory: the sorted 4-digit suffixes per bucket, 2 bytes per ledger listed.
+buckets of up to 10^4 znodes (the parent of a ledger's znode, `ZkMetadataStore.ledger_bucket`;
+ids `lid // BUCKET_SPAN` share one, docs/metadata.md). A bucket's `pzxid` is the zxid of its
+last child create or delete, and zxids never repeat. The storage keeps the ledgers it holds
+grouped by bucket as they are made and deleted (`LedgerStorage.buckets`), each group with the
+serial of its last ledger made. A pass reads one stat per bucket held; a bucket whose pzxid
+and serial are those of its last complete comparison costs nothing more: no ledger was
+deleted there (pzxid) and none made here (serial), so every ledger held there was listed
+then. Otherwise its held ledgers are compared with its listing (listed again only if the
+pzxid moved). Per pass: one `exists` per bucket held (at 10^6 ledgers with dense ids: 100),
+plus one `getChildren` per bucket changed; per-ledger work only in buckets that changed.
+Memory: the sorted 4-digit suffixes per bucket listed, 2 bytes per ledger.
+
+A ledger missing from a listing is dropped only once confirmed: `sync` on the bucket, then
+its stat again (and its listing again if the pzxid moved). Why: a session's server may lag
+the leader, and the first listing may miss a ledger created before its first add reached
+this shard; after the sync, the server has every write committed before it, and every
+ledger held was created in ZooKeeper before it (a client creates the metadata, then adds).
+A pass drops nothing unless its whole scan succeeded: ZooKeeper trouble anywhere (or a
+session not connected, on which kazoo would queue a request until ZooKeeper is back) fails
+the pass with MetadataServiceError, and none of its comparisons is remembered (the next
+pass compares those buckets again).
 """
 from __future__ import annotations
 
@@ -21,29 +33,38 @@ import asyncio
 import functools
 import logging
 from array import array
-from bisect import bisect_left
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.meta.zk import ZkMetadataStore
+from kazoo.exceptions import KazooException, ZookeeperError
+
+from bookkeeper.errors import MetadataServiceError
+from bookkeeper.meta.zk import BUCKET_SPAN, ZkMetadataStore
 
 if TYPE_CHECKING:
-    from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
+    from bookkeeper.bookie.storage.ledger_storage import HeldBucket, LedgerStorage
 
 log = logging.getLogger(__name__)
 
-BUCKET_SPAN = 10_000  # ledgers per bucket: the last 4 digits of the id
 TOMBSTONE_S = 7 * 86400  # how long a fenced, deleted ledger's adds stay refused (Apache: a week)
 
 
 @dataclass(slots=True)
 class FinderStats:
-    """ZooKeeper reads of one cycle (for the operator: what GC costs)."""
+    """What one cycle cost (for the operator: what GC costs), counted as it goes, so a cycle
+    that fails still says what it asked ZooKeeper."""
 
-    stat_reads: int = 0
-    list_reads: int = 0
+    buckets: int = 0  # buckets held, one stat each
+    stat_reads: int = 0  # bucket stats (confirming ones included)
+    list_reads: int = 0  # bucket listings (confirming ones included)
+    syncs: int = 0  # ZooKeeper syncs before confirming an absence
+    ledgers_touched: int = 0  # held ledgers compared with a listing (buckets that changed only)
+
+    @property
+    def zk_reads(self) -> int:
+        """Every ZooKeeper request of the cycle (a sync is one too)."""
+        return self.stat_reads + self.list_reads + self.syncs
 
 
 @dataclass(slots=True)
@@ -51,30 +72,58 @@ class DeletedLedgerFinder:
     """Remembers bucket listings across cycles; `find` returns the held ledgers that are gone."""
 
     store: ZkMetadataStore
-    _buckets: dict[str, tuple[int, array]] = field(default_factory=dict)
+    _buckets: dict[str, tuple[int, array[int]]] = field(default_factory=dict)  # path -> (pzxid, suffixes listed)
+    # bucket -> (pzxid, serial) of its last comparison in a cycle that succeeded
+    _compared: dict[int, tuple[int, int]] = field(default_factory=dict)
 
-    def find(self, held: Iterable[int]) -> tuple[list[int], FinderStats]:
-        groups: dict[str, list[int]] = defaultdict(list)
-        for lid in held:
-            groups[self.store.ledger_bucket(lid)].append(lid)
+    def find(self, held: Mapping[int, HeldBucket], stats: FinderStats) -> list[int]:
+        """The held ledgers whose metadata is gone, each absence confirmed after a sync (module
+        doc). `held`: the storage's buckets, read from this worker thread while the loop adds
+        to them (a copy of a dict or set of ints is one step under the GIL)."""
         gone: list[int] = []
-        stats = FinderStats()
-        for bucket, lids in groups.items():
-            listed = self._listed(bucket, stats)
-            if listed is None:
-                gone.extend(lids)
+        compared: dict[int, tuple[int, int]] = {}
+        paths = set()
+        for bucket, ledgers in list(held.items()):
+            path = self.store.ledger_bucket(bucket * BUCKET_SPAN)
+            paths.add(path)
+            serial = ledgers.created
+            stats.buckets += 1
+            listed = self._listed(path, stats)
+            if listed is not None and (self._buckets[path][0], serial) == self._compared.get(bucket):
+                compared[bucket] = self._compared[bucket]
                 continue
-            for lid in lids:
-                suffix = lid % BUCKET_SPAN
-                i = bisect_left(listed, suffix)
-                if i == len(listed) or listed[i] != suffix:
-                    gone.append(lid)
-        for bucket in [b for b in self._buckets if b not in groups]:
-            del self._buckets[bucket]  # holds nothing there any more
-        return gone, stats
+            suffixes = ledgers.suffixes.copy()  # after the serial: a ledger made between is compared again next cycle
+            stats.ledgers_touched += len(suffixes)
+            missing = suffixes.difference(listed) if listed is not None else suffixes
+            if missing:
+                listed = self._confirm(path, stats)
+                if listed is not None:
+                    missing.difference_update(listed)
+                base = bucket * BUCKET_SPAN
+                gone.extend(base + suffix for suffix in sorted(missing))
+            if listed is not None:
+                compared[bucket] = (self._buckets[path][0], serial)
+        self._compared = compared  # only now: a cycle that failed leaves the last good comparison
+        for path in [p for p in self._buckets if p not in paths]:
+            del self._buckets[path]  # holds nothing there any more
+        return gone
 
-    def _listed(self, bucket: str, stats: FinderStats) -> array | None:
+    def _confirm(self, path: str, stats: FinderStats) -> array[int] | None:
+        """The bucket's suffixes as of after a sync: ledgers missing there are gone."""
+        self._online()
+        stats.syncs += 1
+        self.store.sync(path)
+        return self._listed(path, stats)
+
+    def _online(self) -> None:
+        """Fail at once on a session that is not connected: kazoo would queue the request until
+        ZooKeeper is back, holding the pass (and a forced one waiting for it) for the outage."""
+        if not self.store.connected:
+            raise MetadataServiceError("not connected to ZooKeeper")
+
+    def _listed(self, bucket: str, stats: FinderStats) -> array[int] | None:
         """The bucket's suffixes as of its current pzxid (None: the bucket is gone)."""
+        self._online()
         stats.stat_reads += 1
         version = self.store.bucket_version(bucket)
         cached = self._buckets.get(bucket)
@@ -129,16 +178,18 @@ class GarbageCollector:
     ledgers with (None: unreachable now, the pass drops nothing); `checkpoint()` a
     checkpoint started after the call, run to its commit; `clock` and `wall_clock` (the
     tombstones' age; both virtual in a simulation);
-    `should_stop` for a compaction under way; `counters` (the shard's, added to) and
-    `observe_duration` (a compaction's seconds). Passes never overlap: an operator's forced
-    pass waits for a periodic one and then runs.
+    `should_stop` for a compaction under way; `counters` (the shard's, added to),
+    `observe_duration` (a compaction's seconds) and `observe_pass` (a whole pass's seconds,
+    failed ones included). Passes never overlap: an operator's forced pass waits for a
+    periodic one and then runs.
     """
 
     def __init__(self, index: int, storage: LedgerStorage, loop: asyncio.AbstractEventLoop, *,
                  store: Callable[[], ZkMetadataStore | None], checkpoint: Callable[[], Awaitable[None]],
                  settings: GcSettings, clock: Callable[[], float], wall_clock: Callable[[], float],
                  should_stop: Callable[[], bool], counters: dict[str, int],
-                 observe_duration: Callable[[float], None]) -> None:
+                 observe_duration: Callable[[float], None],
+                 observe_pass: Callable[[float], None] = lambda _s: None) -> None:
         self.index = index
         self.storage = storage
         self.loop = loop
@@ -150,6 +201,7 @@ class GarbageCollector:
         self._should_stop = should_stop
         self.counters = counters
         self._observe_duration = observe_duration
+        self._observe_pass = observe_pass
         self._finder: DeletedLedgerFinder | None = None
         self._lock = asyncio.Lock()
         self.compacting: asyncio.Future[Any] | None = None  # the worker thread's compaction, if any
@@ -157,10 +209,21 @@ class GarbageCollector:
         self.last_dropped: list[int] = []  # the ledgers the last pass dropped
 
     async def run(self, *, force: bool = False) -> dict[str, Any]:
-        """One pass; what it did (the shape of `bk bookie gc`'s answer per shard)."""
+        """One pass; what it did (the shape of `bk bookie gc`'s answer per shard; what each key
+        means: docs/compaction.md). A pass whose ZooKeeper scan fails drops nothing, compacts
+        nothing, and raises MetadataServiceError."""
         async with self._lock:
             t0 = self.clock()
-            gone = await self._drop_deleted()
+            stats = FinderStats()
+            try:
+                gone = await self._drop_deleted(stats)
+            except Exception:
+                self.counters["gc_failures"] += 1
+                self._observe_pass(self.clock() - t0)
+                raise
+            finally:
+                self.counters["gc_zk_reads"] += stats.zk_reads
+                self.counters["gc_ledgers_touched"] += stats.ledgers_touched
             now = self.clock()
             s = self.settings
             plan = compaction_plan(now, last_minor=self._last_minor, last_major=self._last_major, force=force,
@@ -168,34 +231,42 @@ class GarbageCollector:
                                    major_threshold=s.major_threshold, major_interval_s=s.major_interval_s)
             result: dict[str, Any] = {"shard": self.index, "ledgers_deleted": len(gone), "compaction": None,
                                       "logs_compacted": 0, "logs_deleted": 0, "entries_copied": 0,
-                                      "bytes_copied": 0, "bytes_reclaimed": 0}
+                                      "bytes_copied": 0, "bytes_reclaimed": 0, "buckets_checked": stats.buckets,
+                                      "zk_stats": stats.stat_reads, "zk_listings": stats.list_reads,
+                                      "zk_syncs": stats.syncs, "zk_reads": stats.zk_reads,
+                                      "ledgers_touched": stats.ledgers_touched,
+                                      "drop_duration_s": round(now - t0, 3)}
             if plan is not None:
                 result.update(await self._compact(*plan))
                 self._last_minor = now
                 if plan[0] == "major":
                     self._last_major = now
-            result["duration_s"] = round(self.clock() - t0, 3)
+            duration = self.clock() - t0
+            self._observe_pass(duration)
+            result["duration_s"] = round(duration, 3)
             return result
 
-    async def _drop_deleted(self) -> list[int]:
-        """Forget the ledgers whose metadata is gone, and commit that before compaction looks.
-        The shard's ledgers are taken before the listing: a ledger's metadata is created
-        before its first add reaches a bookie, so a ledger held then is in the listing."""
+    async def _drop_deleted(self, stats: FinderStats) -> list[int]:
+        """Forget the ledgers whose metadata is gone, and commit that before compaction looks."""
         self.last_dropped = []
         self.storage.prune_tombstones(self.wall_clock() - TOMBSTONE_S)
-        held = list(self.storage.ledgers)
+        held = self.storage.buckets
         if not held:
             return []
 
-        def find() -> list[int] | None:
+        def find() -> list[int]:
             store = self._store()
             if store is None:
-                return None
+                return []
             if self._finder is None or self._finder.store is not store:
                 self._finder = DeletedLedgerFinder(store)
-            return self._finder.find(held)[0]
+            return self._finder.find(held, stats)
 
-        gone = await self.loop.run_in_executor(None, find)
+        try:
+            gone = await self.loop.run_in_executor(None, find)
+        except (KazooException, ZookeeperError, MetadataServiceError) as e:
+            raise MetadataServiceError(f"shard {self.index}: GC pass dropped nothing: ZooKeeper: "
+                                       f"{type(e).__name__} {e}") from e
         if not gone:
             return []
         now = self.wall_clock()

@@ -54,6 +54,9 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "checkpoint_bytes": ("counter", "entry bytes written to entry logs by checkpoints"),
     "checkpoint_failures": ("counter", "checkpoints that failed (entries kept, journal not trimmed)"),
     "gc_ledgers_deleted": ("counter", "ledgers dropped because their metadata is gone"),
+    "gc_failures": ("counter", "GC passes that dropped nothing because ZooKeeper failed or was not connected"),
+    "gc_zk_reads": ("counter", "ZooKeeper requests of GC passes (bucket stats, listings, syncs)"),
+    "gc_ledgers_touched": ("counter", "held ledgers GC passes compared with a bucket listing (changed buckets only)"),
     "compaction_bytes_copied": ("counter", "live entry bytes copied by compaction"),
     "compaction_bytes_reclaimed": ("counter", "entry-log bytes freed by compaction and GC"),
     "compaction_logs_deleted": ("counter", "entry logs deleted by compaction and GC"),
@@ -85,6 +88,7 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "journal_batch_bytes": ("histogram", "bytes per journal block"),
     "checkpoint_duration_seconds": ("histogram", "checkpoint flush (entry log write, fsync, index commit)"),
     "compaction_duration_seconds": ("histogram", "one GC pass's compaction"),
+    "gc_duration_seconds": ("histogram", "one GC pass, its compaction included (failed passes too)"),
     "connections": ("gauge", "client connections open"),
     "paused_senders": ("gauge", "connections paused by backpressure"),
     "paused_readers": ("gauge", "connections not read because they do not read their answers "
@@ -118,6 +122,7 @@ def shard_histograms() -> dict[str, Histogram]:
         "journal_batch_bytes": Histogram(BYTES_BUCKETS),
         "checkpoint_duration_seconds": Histogram(DURATION_BUCKETS_S),
         "compaction_duration_seconds": Histogram(DURATION_BUCKETS_S),
+        "gc_duration_seconds": Histogram(DURATION_BUCKETS_S),
     }
 
 

@@ -127,9 +127,9 @@ class Shard:
         self.failed: str | None = None  # why this shard can make nothing durable any more
         self._disks_checked = 0.0  # when _guard_disks last measured
         self.counters: dict[str, int] = dict.fromkeys(
-            ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted",
-             "compaction_bytes_copied", "compaction_bytes_reclaimed", "compaction_logs_deleted",
-             "journal_pool_released_bytes"), 0)
+            ("checkpoints", "checkpoint_bytes", "checkpoint_failures", "gc_ledgers_deleted", "gc_failures",
+             "gc_zk_reads", "gc_ledgers_touched", "compaction_bytes_copied", "compaction_bytes_reclaimed",
+             "compaction_logs_deleted", "journal_pool_released_bytes"), 0)
         self.gc = GarbageCollector(
             index, self.storage, self.loop, store=self._gc_store, checkpoint=self._checkpoint_committed,
             settings=GcSettings(minor_threshold=cfg.minor_compaction_threshold,
@@ -138,7 +138,8 @@ class Shard:
                                 major_interval_s=cfg.major_compaction_interval_s,
                                 rate_bytes_s=cfg.compaction_rate_mb_s * 1e6),
             clock=time.monotonic, wall_clock=time.time, should_stop=self._stopping.is_set, counters=self.counters,
-            observe_duration=self.server.histograms["compaction_duration_seconds"].observe)
+            observe_duration=self.server.histograms["compaction_duration_seconds"].observe,
+            observe_pass=self.server.histograms["gc_duration_seconds"].observe)
 
     def _dir_writable(self, path: Path) -> bool:
         """May a new entry log go to this ledger dir (under the read-only threshold)?"""

@@ -17,6 +17,30 @@ The mark, the index and the log records commit in one LMDB transaction, after th
 entry log is fsynced: "index, records and mark never point past durable entry-log
 bytes". Why LMDB: docs/index-store.md. Compaction: docs/compaction.md.
 
+What a checkpoint costs is what changed (issue 26): the states it writes are those of the
+ledgers created, handed out (`ledger()`: the server fences them, raises their LAC) or with
+entries in the write cache since the last one (an add raises lac and last_entry, in
+put_entry or in the C add path, which tells nobody), each compared with what LMDB holds;
+not a walk of every ledger held. `Snapshot.examined` says how many it compared.
+
+Deleting a ledger (delete_ledger, for GC) costs the ledger alone: its state goes at once;
+its entries still in the write cache stay there, counted in write_cache_bytes (they hold
+that memory), until the next snapshot, whose flush skips them (`Snapshot.dropped`). On disk,
+the flush of the first snapshot taken after the delete, under the flush lock, deletes its
+index entries in transactions of at most SWEEP_KEYS_PER_TXN keys, and then its state row
+(and writes its tombstone) in the checkpoint's one transaction, with the mark. Why no
+flush ever writes a deleted ledger back: checkpoints run one at a time and flush their
+snapshots in the order taken, so every snapshot that may hold the ledger's entries (taken
+before the delete) has committed, or failed, before the one carrying the deletion
+flushes; a failed one's entries of a ledger deleted since are not put back
+(flush_failed); and no later snapshot holds any (dropped; a ledger made again after its
+delete loses its old cached entries then). Compaction moves only index entries that still
+point at their old copy, so it cannot bring swept ones back. Why the index entries go in
+their own transactions, before the checkpoint's: a GC pass may delete millions of keys,
+and LMDB holds every page a transaction dirties until it commits. A crash between the two
+leaves the ledger's row, so the ledger is held again at the next open with part of its
+index gone; its metadata is gone, so nobody reads it, and the next GC pass deletes it again.
+
 Entry logs roll at `entry_log_max_bytes`; a new log goes to the ledger dir with the
 most free space among those under the read-only threshold. A log file with no record
 is one no index entry points into (a crash before its first commit, or after
@@ -32,7 +56,8 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import lmdb
@@ -42,10 +67,12 @@ from bookkeeper._ext.shardpath import LedgerState
 from bookkeeper.bookie.files import fsync_dir
 from bookkeeper.bookie.storage.compaction import CompactionResult, Compactor
 from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, LOG_MAGIC, LogInfo
+from bookkeeper.meta.zk import BUCKET_SPAN
 
 log = logging.getLogger(__name__)
 
 _LEDGER_VAL = struct.Struct(">20sBqq")  # master key, fenced, lac, last stored entry id
+_LEDGER_KEY = struct.Struct(">Q")  # ledger rows, tombstones, and the first 8 bytes of a ledger's index keys
 _MARK = struct.Struct(">QQ")
 # What a write-cache entry costs beyond its payload: the (ledger, entry) key tuple, its two
 # ints, the dict slot and the bytes header (measured with tracemalloc: ~173 B). Counted so
@@ -54,15 +81,33 @@ ENTRY_OVERHEAD_BYTES = 170
 _FLUSH_CHUNK_BYTES = 8 << 20  # entry-log bytes laid out per encode_batch: bounds the checkpoint's extra memory
 LOG_MAX_BYTES = 1 << 30
 _LOGS_FORMAT = b"logs_format"  # meta key: the per-log records exist (set once, by creation or migration)
+SWEEP_KEYS_PER_TXN = 10_000  # index keys of deleted ledgers deleted per LMDB transaction (~1 MiB of dirty pages)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one checkpoint flushes: entries, ledger states and ledgers to delete."""
+    """What one checkpoint flushes: entries, ledger states and ledgers to delete.
+
+    `dropped`: ledgers deleted after their entries were cached; the flush skips those entries.
+    `examined`: ledgers whose state this snapshot compared with LMDB's (what finding the changes cost).
+    """
 
     entries: dict[tuple[int, int], bytes]
     states: dict[int, "LedgerState"]
     deletes: set[int]
+    dropped: set[int] = field(default_factory=set)
+    examined: int = 0
+
+
+@dataclass(slots=True)
+class HeldBucket:
+    """The ledgers a shard holds in one metadata bucket (ids with one `lid // BUCKET_SPAN`:
+    their znodes share a parent, meta/zk.py), as 4-digit suffixes (`lid % BUCKET_SPAN`).
+    `created` is the storage's serial of the last ledger made in it (serials never repeat), so
+    a GC pass knows whether the bucket gained a ledger since it last compared it."""
+
+    suffixes: set[int]
+    created: int
 
 
 class LedgerStorage:
@@ -95,6 +140,10 @@ class LedgerStorage:
         self.write_cache_bytes = 0
         self._flushing: dict[tuple[int, int], bytes] = {}
         self._pending_deletes: set[int] = set()
+        self._dropped: set[int] = set()  # deleted since the last snapshot: their cached entries are skipped
+        self._dirty: set[int] = set()  # created or handed out since the last snapshot (see the module doc)
+        self.buckets: dict[int, HeldBucket] = {}  # lid // BUCKET_SPAN -> the ledgers held there (for GC)
+        self._created = 0  # the serial of the last ledger made or loaded
         self._flush_lock = threading.Lock()  # one writer of the current log and of LMDB at a time
         self._readers: dict[int, int] = {}
         # What LMDB holds of each ledger's state: a checkpoint writes only states that differ.
@@ -102,12 +151,13 @@ class LedgerStorage:
         with self.env.begin(db=self.db_ledgers) as txn:
             for k, v in txn.cursor():
                 key, fenced, lac, last = _LEDGER_VAL.unpack(v)
-                lid = struct.unpack(">Q", k)[0]
+                lid = _LEDGER_KEY.unpack(k)[0]
                 self.ledgers[lid] = LedgerState(key, bool(fenced), lac, last)
                 self._persisted[lid] = (key, bool(fenced), lac, last)
+                self._hold(lid)
         with self.env.begin(db=self.db_tombstones) as txn:
-            for k, v in txn.cursor():
-                self.tombstones[struct.unpack(">Q", k)[0]] = struct.unpack(">d", v)[0]
+            made = sorted((struct.unpack(">d", v)[0], _LEDGER_KEY.unpack(k)[0]) for k, v in txn.cursor())
+        self.tombstones.update((lid, at) for at, lid in made)  # oldest first: prune_tombstones stops early
         self.logs: dict[int, LogInfo] = {}
         self._paths: dict[int, Path] = {}  # every log an index entry may point into, set before it may
         files = self._log_files()
@@ -236,12 +286,46 @@ class LedgerStorage:
 
     # -- ledger state --------------------------------------------------------
     def ledger(self, ledger_id: int) -> LedgerState | None:
-        return self.ledgers.get(ledger_id)
+        """The ledger's state, or None. Its holder may change it (the server fences it, raises
+        its LAC), so a ledger handed out is one the next checkpoint compares."""
+        st = self.ledgers.get(ledger_id)
+        if st is not None:
+            self._dirty.add(ledger_id)
+        return st
 
     def create_ledger(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        if ledger_id in self._dropped:
+            self._purge_cached(ledger_id)
         st = LedgerState(master_key)
         self.ledgers[ledger_id] = st
+        self._dirty.add(ledger_id)
+        self._hold(ledger_id)
         return st
+
+    def _hold(self, ledger_id: int) -> None:
+        bucket, suffix = divmod(ledger_id, BUCKET_SPAN)
+        self._created += 1
+        held = self.buckets.get(bucket)
+        if held is None:
+            self.buckets[bucket] = HeldBucket({suffix}, self._created)
+        else:
+            held.suffixes.add(suffix)
+            held.created = self._created
+
+    def _release(self, ledger_id: int) -> None:
+        bucket, suffix = divmod(ledger_id, BUCKET_SPAN)
+        held = self.buckets[bucket]
+        held.suffixes.discard(suffix)
+        if not held.suffixes:
+            del self.buckets[bucket]
+
+    def _purge_cached(self, ledger_id: int) -> None:
+        """Drop a deleted ledger's cached entries before it is made again (an add of a zombie
+        writer): its new entries must not inherit them. A walk of the write cache, on this
+        rare path only."""
+        self._dropped.discard(ledger_id)
+        for key in [k for k in self.write_cache if k[0] == ledger_id]:
+            self.write_cache_bytes -= len(self.write_cache.pop(key)) + ENTRY_OVERHEAD_BYTES
 
     # -- entries -------------------------------------------------------------
     def put_entry(self, ledger_id: int, entry_id: int, data: bytes, lac: int) -> None:
@@ -288,17 +372,26 @@ class LedgerStorage:
 
     # -- checkpoint ------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Swap out the write cache for flushing (loop thread); reads still see it."""
+        """Swap out the write cache for flushing (loop thread); reads still see it. The states
+        taken are those of the ledgers that may have changed (module doc): one look at each
+        cached entry's key and one comparison per such ledger, whatever the ledgers held."""
+        cache, candidates, ledgers, persisted = self.write_cache, self._dirty, self.ledgers, self._persisted
+        candidates.update(map(itemgetter(0), cache))
         changed = {}
-        for lid, st in self.ledgers.items():
+        for lid in candidates:
+            st = ledgers.get(lid)
+            if st is None:
+                continue
             now = (st.master_key, st.fenced, st.lac, st.last_entry)
-            if self._persisted.get(lid) != now:
+            if persisted.get(lid) != now:
                 changed[lid] = LedgerState(*now)
-        snap = Snapshot(self.write_cache, changed, self._pending_deletes)
-        self._flushing = snap.entries
+        snap = Snapshot(cache, changed, self._pending_deletes, self._dropped, len(candidates))
+        self._flushing = cache
         self.write_cache = {}
         self.write_cache_bytes = 0
         self._pending_deletes = set()
+        self._dropped = set()
+        self._dirty = set()
         return snap
 
     def _roll_if_full(self) -> bool:
@@ -313,23 +406,47 @@ class LedgerStorage:
         return max(1, self.entry_log_max_bytes - self._log_pos)
 
     def flush(self, snapshot: Snapshot, mark: tuple[int, int]) -> None:
-        """Write a snapshot to the entry log(s), fsync, then commit index + log records + state +
-        deletions + mark in one LMDB transaction (worker thread)."""
-        snap, states, deletes = snapshot.entries, snapshot.states, snapshot.deletes
+        """Delete the index entries of the snapshot's deleted ledgers (bounded transactions), write
+        its entries to the entry log(s), fsync, then commit index + log records + state +
+        deletions + mark in one LMDB transaction (worker thread). Order: the module doc."""
         with self._flush_lock:
-            infos = self._flush_in(snap, states, deletes, mark)
+            self.sweep_index(snapshot.deletes)
+            infos = self._flush_in(snapshot, mark)
             self.logs.update(infos)  # committed: compaction and stats may count these bytes now
 
-    def _flush_in(self, snap: dict[tuple[int, int], bytes], states: dict[int, LedgerState], deletes: set[int],
-                  mark: tuple[int, int]) -> dict[int, LogInfo]:
+    def sweep_index(self, ledger_ids: Iterable[int]) -> int:
+        """Delete every index entry of these ledgers, at most SWEEP_KEYS_PER_TXN per LMDB
+        transaction (flush lock held); returns how many. A ledger's keys are one range (its id
+        is their first 8 bytes)."""
+        todo = sorted(ledger_ids)
+        swept = i = 0
+        while i < len(todo):
+            budget = SWEEP_KEYS_PER_TXN
+            with self.env.begin(write=True, db=self.db_index) as txn:
+                cur = txn.cursor()
+                while i < len(todo) and budget:
+                    prefix = _LEDGER_KEY.pack(todo[i])
+                    if cur.set_range(prefix):
+                        while budget and cur.key()[:8] == prefix:
+                            cur.delete()  # and on to the next key (b"" past the last)
+                            budget -= 1
+                    if cur.key()[:8] != prefix:
+                        i += 1  # else: the ledger has more keys, for the next transaction
+            swept += SWEEP_KEYS_PER_TXN - budget
+        return swept
+
+    def _flush_in(self, snapshot: Snapshot, mark: tuple[int, int]) -> dict[int, LogInfo]:
         """flush's transaction (flush lock held); returns the records it committed."""
+        snap, dropped = snapshot.entries, snapshot.dropped
+        keys = sorted(k for k in snap if k[0] not in dropped) if dropped else sorted(snap)
         with self.env.begin(write=True) as txn:
+            for lid in snapshot.deletes:  # first: a ledger deleted and made again gets its new state below
+                self._delete_in(txn, lid)
             # The index goes into the transaction chunk by chunk, but it commits only after the
             # entry logs' fdatasync: the index never points past durable entry-log bytes.
-            if snap:
+            if keys:
                 written: dict[int, tuple[Path, dict[int, int], int]] = {}
                 cursor = txn.cursor(db=self.db_index)
-                keys = sorted(snap)
                 start = 0
                 while start < len(keys):
                     if self._log_pos >= self.entry_log_max_bytes:
@@ -351,11 +468,9 @@ class LedgerStorage:
                     txn.put(_LOG_KEY.pack(log_id), info.encode(), db=self.db_logs)
             else:
                 infos = {}
-            for lid, st in states.items():
-                txn.put(struct.pack(">Q", lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
-                                                                 st.last_entry), db=self.db_ledgers)
-            for lid in deletes:
-                self._delete_in(txn, lid)
+            for lid, st in snapshot.states.items():
+                txn.put(_LEDGER_KEY.pack(lid), _LEDGER_VAL.pack(st.master_key, int(st.fenced), st.lac,
+                                                                st.last_entry), db=self.db_ledgers)
             txn.put(b"checkpoint_mark", _MARK.pack(*mark), db=self.db_meta)
         return infos
 
@@ -369,19 +484,24 @@ class LedgerStorage:
     def flush_done(self, snapshot: Snapshot) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
         self._flushing = {}
+        for lid in snapshot.deletes:  # first, as in the transaction: a ledger made again keeps its new state
+            self._persisted.pop(lid, None)
         for lid, st in snapshot.states.items():
             self._persisted[lid] = (st.master_key, st.fenced, st.lac, st.last_entry)
-        for lid in snapshot.deletes:
-            self._persisted.pop(lid, None)
 
     def flush_failed(self, snapshot: Snapshot) -> None:
         """Put a snapshot whose flush failed back (loop thread): its entries stay in memory and the
-        journal is not trimmed, so the next checkpoint retries them."""
+        journal is not trimmed, so the next checkpoint retries them, with its deletions and its
+        states (their ledgers compared again). Entries of ledgers deleted before it (dropped) or
+        since (pending deletes now: even if made again since) are not put back."""
+        ledgers, dropped, deleted_since = self.ledgers, snapshot.dropped, self._pending_deletes
         for key, data in snapshot.entries.items():
-            if key not in self.write_cache and key[0] in self.ledgers:
+            lid = key[0]
+            if key not in self.write_cache and lid in ledgers and lid not in dropped and lid not in deleted_since:
                 self.write_cache[key] = data
                 self.write_cache_bytes += len(data) + ENTRY_OVERHEAD_BYTES
         self._pending_deletes |= snapshot.deletes
+        self._dirty.update(snapshot.states)
         self._flushing = {}
 
     def checkpoint_mark(self) -> tuple[int, int]:
@@ -393,8 +513,8 @@ class LedgerStorage:
     def delete_ledger(self, ledger_id: int, *, now: float) -> None:
         """Forget a ledger whose metadata is gone: at once in memory, on disk at the next checkpoint.
 
-        Why through the checkpoint: the deletion commits in the same LMDB transaction that
-        writes the index, so an in-flight flush can never write the ledger back.
+        Why through the checkpoint, and why its cached entries are skipped there rather than
+        looked for now (a walk of the whole write cache per ledger): the module doc.
 
         A ledger fenced here leaves a tombstone (now: the wall clock): it was fenced because
         another client took it over, so a writer still adding to it is a zombie, and an add of
@@ -405,33 +525,39 @@ class LedgerStorage:
         here they survive a restart too (prune_tombstones ends them).
         """
         st = self.ledgers.pop(ledger_id, None)
-        if st is not None and st.fenced:
-            self.tombstones[ledger_id] = now
-        for key in [k for k in self.write_cache if k[0] == ledger_id]:
-            self.write_cache_bytes -= len(self.write_cache.pop(key)) + ENTRY_OVERHEAD_BYTES
+        if st is not None:
+            self._release(ledger_id)
+            self._dropped.add(ledger_id)
+            self._dirty.discard(ledger_id)
+            if st.fenced:
+                self.tombstones.pop(ledger_id, None)  # re-added at the end: the dict stays oldest first
+                self.tombstones[ledger_id] = now
         self._pending_deletes.add(ledger_id)
 
     def prune_tombstones(self, before: float) -> int:
-        """Forget tombstones made before `before` (wall clock), on disk at the next checkpoint."""
-        old = [lid for lid, at in self.tombstones.items() if at < before]
+        """Forget tombstones made before `before` (wall clock), on disk at the next checkpoint.
+        They are kept oldest first, so this stops at the first younger one: a pass costs the
+        tombstones it ends, not all of them (a wall clock stepped back may keep an old one
+        behind a younger one for a while; none ends early)."""
+        old = []
+        for lid, at in self.tombstones.items():
+            if at >= before:
+                break
+            old.append(lid)
         for lid in old:
             del self.tombstones[lid]
             self._pending_deletes.add(lid)
         return len(old)
 
     def _delete_in(self, txn: lmdb.Transaction, ledger_id: int) -> None:
-        key = struct.pack(">Q", ledger_id)
+        """A deleted ledger's row, and its tombstone written or removed (its index: sweep_index)."""
+        key = _LEDGER_KEY.pack(ledger_id)
         txn.delete(key, db=self.db_ledgers)
         at = self.tombstones.get(ledger_id)
         if at is None:
             txn.delete(key, db=self.db_tombstones)
         else:
             txn.put(key, struct.pack(">d", at), db=self.db_tombstones)
-        cur = txn.cursor(db=self.db_index)
-        if cur.set_range(_IDX_KEY.pack(ledger_id, 0)):
-            while cur.key() and _IDX_KEY.unpack(cur.key())[0] == ledger_id:
-                if not cur.delete():
-                    break
 
     # -- compaction ----------------------------------------------------------
     def compact(self, threshold: float, *, rate_bytes_s: float = 0.0,
