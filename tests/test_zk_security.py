@@ -265,8 +265,11 @@ def test_every_znode_written_with_credentials_is_closed_to_world(zk: tuple[ZooKe
     assert kinds <= names, kinds - names
     assert any(n.startswith("candidate-") for n in names) and any(n.startswith("w-") for n in names)
     assert f"L{lid % 10_000:04d}" in names
+    admin = Id("digest", digest_id("admin", "s3cret-pw"))
     for path, acls in nodes:
-        assert acls == [ACL(Permissions.ALL, Id("digest", digest_id("admin", "s3cret-pw")))], (path, acls)
+        # idgen is retired (layout 2): read and admin only, so no client allocates from it
+        perms = Permissions.READ | Permissions.ADMIN if path.endswith("/idgen") else Permissions.ALL
+        assert acls == [ACL(perms, admin)], (path, acls)
     print(f"{len(nodes)} znodes walked, none open to world")
 
 
@@ -371,7 +374,8 @@ def test_bk_zk_secure_converts_a_live_tree(zk: tuple[ZooKeeperServer, Pki], tmp_
         admin, ro = digest_id("admin", "s3cret-pw"), digest_id(*READER.split(":"))
         for path, acls in _walk(kz, "/live"):
             ids = {(a.id.scheme, a.id.id): a.perms for a in acls}
-            assert ids == {("digest", admin): Permissions.ALL, ("digest", ro): Permissions.READ}, (path, acls)
+            writer_perms = Permissions.READ | Permissions.ADMIN if path.endswith("/idgen") else Permissions.ALL  # retired
+            assert ids == {("digest", admin): writer_perms, ("digest", ro): Permissions.READ}, (path, acls)
         for lid in writer.list_ledgers():
             stored = json.loads(kz.get(_ledger_path(uri, lid))[0])
             assert "password" not in stored and "sealed_password" in stored, lid
@@ -391,7 +395,7 @@ def test_bk_zk_secure_converts_a_live_tree(zk: tuple[ZooKeeperServer, Pki], tmp_
         "metadata change": lambda: anon.write_ledger(md.replace(state=LedgerState.CLOSED)),
         "delete": lambda: anon.delete_ledger(some),
         "marker": lambda: UnderReplicationManager(anon).mark(some, ["127.0.0.1:9"]),
-        "new ledger": lambda: anon.allocate_ledger_id(),
+        "new ledger": lambda: anon.create_ledger(_md(anon)),  # its id may come from a block reserved before
         "stream": lambda: StreamStore(anon.zk, anon.root).lock_create("ns", "s", b"x"),
     }
     for what, call in refusals.items():
@@ -500,7 +504,8 @@ def test_a_cluster_with_credentials_leaves_nothing_open(tmp_path: Path) -> None:
         try:
             nodes = list(_walk(kz, "/ledgers"))
             for path, acls in nodes:
-                assert [(a.id.scheme, a.perms) for a in acls] == [("digest", Permissions.ALL)], (path, acls)
+                perms = Permissions.READ | Permissions.ADMIN if path.endswith("/idgen") else Permissions.ALL  # retired
+                assert [(a.id.scheme, a.perms) for a in acls] == [("digest", perms)], (path, acls)
             names = {p.rsplit("/", 1)[1] for p, _ in nodes}
             assert {"available", "cookies", "underreplication", "streams", "events", "security"} <= names
             assert f"L{lid % 10_000:04d}" in names

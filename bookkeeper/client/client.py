@@ -6,7 +6,9 @@ default executor so a slow ZooKeeper never stalls adds in flight on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import hashlib
 import functools
 import json
 import logging
@@ -46,6 +48,7 @@ from bookkeeper.meta.zk_security import zk_security_from
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+PASSWORD_CACHE = 256  # passwords whose digest (or check) a client remembers
 CREATE_ATTEMPTS = 5  # a create's ZooKeeper calls, tried through ~1.5 s of trouble (backoff from 0.05 s)
 
 
@@ -81,6 +84,10 @@ class BookKeeper:
         # Registrations are re-read only after a ZooKeeper watch says they changed (set from
         # kazoo's thread: a plain attribute write), not on every create, open or ensemble change.
         self._bookies_dirty = True
+        self._creates = asyncio.Semaphore(self.config.max_pending_creates)
+        self._digests: dict[bytes, str] = {}
+        self._verified: dict[str, bytes] = {}
+        self._unplaceable: set[tuple[frozenset[tuple[str, str]], int, int]] = set()
         self._watching = False
         self._closed = False
         self._loop = asyncio.get_running_loop()
@@ -184,9 +191,16 @@ class BookKeeper:
         rack_aware = self.config.placement == "rack_aware"
         quarantined = self.quarantine.current()
         healthy = [b for b in self._writable if b not in quarantined]
-        p = choose_ensemble(self._racks(healthy if len(healthy) >= ensemble else self._writable),
-                            ensemble_size=ensemble, write_quorum=write_quorum, rng=self._rng, rack_aware=rack_aware)
+        candidates = self._racks(healthy if len(healthy) >= ensemble else self._writable)
+        # A shape the racks could not place is not tried again (64 draws per create) until the
+        # registrations or the quarantine change: the verdict is kept per candidate set.
+        verdict = (frozenset(candidates.items()), ensemble, write_quorum)
+        p = choose_ensemble(candidates, ensemble_size=ensemble, write_quorum=write_quorum, rng=self._rng,
+                            rack_aware=rack_aware, attempts=0 if verdict in self._unplaceable else 64)
         if rack_aware and not p.rack_aware:
+            if len(self._unplaceable) >= 64:
+                self._unplaceable.clear()
+            self._unplaceable.add(verdict)
             if self.config.placement_strict:
                 raise NotEnoughBookiesError(f"placement: {p.reason}")
             self.stats["placement_degraded"] += 1
@@ -279,14 +293,59 @@ class BookKeeper:
                                         f"{len(self._writable)} registered")
         chosen = self._place(ensemble, write_quorum)
         creator = self._principal or (await self.whoami(chosen))[0]
-        # A lost reply skips an id (the sequential node was made): never reused, so retried as is.
-        ledger_id = await self._retried(self.store.allocate_ledger_id)
-        digest_text = await self._loop.run_in_executor(None, password_digest, password)  # scrypt: slow by design
-        md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
-                            ack_quorum=ack_quorum, digest=DigestType(digest), password_digest=digest_text,
-                            ensembles={0: chosen}, custom_metadata=custom, password=password, creator=creator)
-        md = await self._create_metadata(md)
+        async with self._create_slot():
+            # From this store's reserved block without a ZooKeeper call, but for one create per
+            # block. A lost reply skips ids (the block was reserved): never reused, so retried as is.
+            ledger_id = self.store.take_ledger_id()
+            if ledger_id is None:
+                ledger_id = await self._retried(self.store.allocate_ledger_id)
+            md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
+                                ack_quorum=ack_quorum, digest=DigestType(digest),
+                                password_digest=await self._password_digest(password), ensembles={0: chosen},
+                                custom_metadata=custom, password=password, creator=creator)
+            md = await self._create_metadata(md)
         return WriteHandle(self, md, password)
+
+    @contextlib.asynccontextmanager
+    async def _create_slot(self) -> AsyncIterator[None]:
+        """One of max_pending_creates: creates past what ZooKeeper takes wait here, and fail
+        with MetadataServiceError after metadata_timeout_s, never an unbounded queue."""
+        try:
+            async with asyncio.timeout(self.config.metadata_timeout_s):
+                await self._creates.acquire()
+        except asyncio.TimeoutError:  # asyncio's: the builtin, not ours
+            raise MetadataServiceError(f"{self.config.max_pending_creates} creates pending for "
+                                       f"{self.config.metadata_timeout_s} s: ZooKeeper is not keeping up") from None
+        try:
+            yield
+        finally:
+            self._creates.release()
+
+    async def _password_digest(self, password: bytes) -> str:
+        """The salted digest new ledgers with this password store: made once per client and
+        password (scrypt costs ~27 ms of a core by design; per create it capped creates at
+        ~37/s per core). Its salt is then shared by this client's ledgers of one password,
+        which tells a reader of the metadata only that their passwords are equal."""
+        digest = self._digests.get(password)
+        if digest is None:
+            digest = await self._loop.run_in_executor(None, password_digest, password)
+            if len(self._digests) >= PASSWORD_CACHE:
+                self._digests.clear()
+            self._digests[password] = digest
+        return digest
+
+    async def _password_matches(self, password: bytes, digest: str) -> bool:
+        """check_password, remembered per (digest, password) that matched: a recovery opening
+        many ledgers of one creator and password checks scrypt once, not per ledger."""
+        fingerprint = hashlib.sha256(password).digest()
+        if self._verified.get(digest) == fingerprint:
+            return True
+        if not await self._loop.run_in_executor(None, check_password, password, digest):
+            return False
+        if len(self._verified) >= PASSWORD_CACHE:
+            self._verified.clear()
+        self._verified[digest] = fingerprint
+        return True
 
     async def _retried(self, fn: Callable[..., T], *args: Any) -> T:
         """A metadata call tried again through ZooKeeper's transient trouble (a lost connection,
@@ -306,8 +365,9 @@ class BookKeeper:
         """The new ledger's metadata stored, tried again through ZooKeeper's transient trouble.
 
         A create that ZooKeeper applied but whose reply was lost meets LedgerExistsError when
-        tried again; the stored metadata is then this create's if its password digest is
-        (salted per create: no other ledger shares it), and the create is done. Before, the
+        tried again; the stored metadata is then this create's if its password digest and
+        ensemble are (the id was handed out once, to this create: the check guards against a
+        layout-1 client of another version colliding), and the create is done. Before, the
         first lost reply failed create_ledger (the simulator's writers, at 5 % loss)."""
         try:
             return await self.metadata_call(self.store.create_ledger, md)
@@ -317,7 +377,7 @@ class BookKeeper:
             return await self._retried(self.store.create_ledger, md)
         except LedgerExistsError:
             stored = await self._retried(self.store.read_ledger, md.ledger_id)
-            if stored.password_digest != md.password_digest:
+            if stored.password_digest != md.password_digest or stored.ensembles != md.ensembles:
                 raise
             return md.replace(creator=stored.creator, version=stored.version)
 
@@ -333,8 +393,7 @@ class BookKeeper:
             if recovery or md.digest is DigestType.MAC:
                 raise UnauthorizedError(f"ledger {ledger_id}: the password is needed to "
                                         f"{'recover' if recovery else 'verify its MAC digest'}")
-        elif not await self._loop.run_in_executor(None, check_password, password, md.password_digest):
-            # Off the loop: a salted digest is slow to check by design (scrypt).
+        elif not await self._password_matches(password, md.password_digest):
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if digest is not None and DigestType(digest) is not md.digest:
             raise DigestMismatchError(f"ledger {ledger_id} uses digest {md.digest.value}, not "
@@ -354,7 +413,7 @@ class BookKeeper:
         client is (WHOAMI), the metadata who created the ledger. AuthorizationError otherwise.
         Ledgers created before creators were recorded carry none and are not checked."""
         md = await self.ledger_metadata(ledger_id)
-        if md.creator:
+        if md.creator and md.creator != self._principal:  # its creator needs no role: no WHOAMI per delete
             principal, roles = await self.whoami(md.ensembles[min(md.ensembles)], fresh=True)
             if principal != md.creator and "admin" not in roles:
                 raise AuthorizationError(f"principal {principal!r} lacks role 'admin': ledger {ledger_id} "

@@ -26,7 +26,7 @@ from kazoo.security import ACL
 
 from bookkeeper.errors import ConfigError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta.ledger_metadata import SCRYPT_PREFIX, LedgerMetadata, password_digest
-from bookkeeper.meta.zk import ZkMetadataStore, ledger_path
+from bookkeeper.meta.zk import ZkMetadataStore, ledger_path, retired_acls
 from bookkeeper.meta.zk_security import SecurityDoc, digest_credentials, digest_id, secured_acls
 
 MAX_SEAL_PASSES = 10  # a pass that seals nothing ends it; writers learn the key within a watch
@@ -48,14 +48,17 @@ def _same(a: list[ACL], b: list[ACL]) -> bool:
 
 
 def secure_acls(store: ZkMetadataStore, acls: list[ACL], report: SecureReport) -> None:
-    """Set `acls` on the root and every znode under it, parents before children."""
+    """Set `acls` on the root and every znode under it, parents before children; a retired
+    idgen (layout 2) keeps read and admin only, so no client can allocate from it again."""
     stack = [store.root]
+    retired = store.layout_version() >= 2
     while stack:
         path = stack.pop()
+        want = retired_acls(acls) if retired and path == store.idgen_path else acls
         try:
             current, stat = store.zk.get_acls(path)
-            if not _same(current, acls):
-                store.zk.set_acls(path, acls, version=stat.aversion)
+            if not _same(current, want):
+                store.zk.set_acls(path, want, version=stat.aversion)
                 report.acls_set += 1
             children = store.zk.get_children(path)
         except NoNodeError:

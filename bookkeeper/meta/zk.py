@@ -41,7 +41,7 @@ from kazoo.exceptions import (AuthFailedError, BadVersionError, NoAuthError, Nod
                               NotEmptyError)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
-from kazoo.security import make_acl
+from kazoo.security import ACL, Permissions, make_acl
 
 from bookkeeper.errors import (
     ConfigError,
@@ -157,6 +157,14 @@ SUPPORTED_LAYOUT = 2  # the newest metadata layout this code reads and writes (d
 FIRST_BLOCK, MAX_BLOCK = 64, 4096  # ids a client reserves at once: doubling from the first to the max
 RETIRED_IDGEN = (b"retired by `bk metadata upgrade` (layout 2): ledger ids come from idblocks; "
                  b"a client creating under idgen predates that layout and must be upgraded")
+
+
+def retired_acls(acls: list[ACL] | None) -> list[ACL]:
+    """The ACL of a retired idgen: whoever could write it keeps read and admin only (no create:
+    an old client's allocation fails), or, on an open tree (acls None), everyone does."""
+    if not acls:
+        return [make_acl("world", "anyone", read=True, admin=True)]
+    return [ACL(a.perms & (Permissions.READ | Permissions.ADMIN), a.id) for a in acls]
 
 
 def ledger_path(root: str, ledger_id: int) -> str:
@@ -372,7 +380,7 @@ class ZkMetadataStore:
             tx.create(f"{self.root}/INSTANCEID", uuid.uuid4().hex.encode())
             tx.create(self.layout_path, self._layout_doc(SUPPORTED_LAYOUT))
             tx.create(self.idblocks_path, b"0")
-            tx.create(self.idgen_path, RETIRED_IDGEN, acl=[make_acl("world", "anyone", read=True, admin=True)])
+            tx.create(self.idgen_path, RETIRED_IDGEN, acl=retired_acls(self.zk.default_acl))
             if not any(isinstance(r, NodeExistsError) for r in tx.commit()):
                 self.layout = SUPPORTED_LAYOUT
                 return
@@ -492,7 +500,8 @@ class ZkMetadataStore:
             return self.layout_status()
         self.zk.ensure_path(self.idgen_path)
         self.zk.set(self.idgen_path, RETIRED_IDGEN)
-        self.zk.set_acls(self.idgen_path, [make_acl("world", "anyone", read=True, admin=True)])
+        self.zk.set_acls(self.idgen_path, retired_acls(self.zk.get_acls(self.idgen_path)[0] if self.security.auth
+                                                       else None))
         stat = self.zk.exists(self.idgen_path)
         sequenced = stat.cversion if stat.cversion >= 0 else 2**31
         first = max(sequenced, self.max_ledger_id() + 1)

@@ -43,6 +43,9 @@ def choose_ensemble(candidates: Mapping[str, str], *, ensemble_size: int, write_
         raise ValueError(f"{ensemble_size} bookies needed, {len(ids)} available")
     if not rack_aware:
         return Placement(rng.sample(ids, ensemble_size), False, "random placement")
+    racks = len(set(candidates.values()))
+    if racks < min(write_quorum, ensemble_size):
+        attempts = 0  # a write set of Qw needs Qw racks: no draw can succeed (the default one-rack cluster)
     for _ in range(attempts):
         chosen: list[str] = []
         ok = True
@@ -55,7 +58,6 @@ def choose_ensemble(candidates: Mapping[str, str], *, ensemble_size: int, write_
             chosen.append(rng.choice(pool))
         if ok and write_sets_rack_distinct(chosen, candidates, write_quorum):
             return Placement(chosen, True)
-    racks = len(set(candidates.values()))
     return Placement(rng.sample(ids, ensemble_size), False,
                      f"{racks} rack(s) cannot give every write set of {write_quorum} distinct racks")
 
