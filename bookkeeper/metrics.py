@@ -56,6 +56,7 @@ CLIENT_METRICS: dict[str, tuple[str, str]] = {
     "speculative_reads": ("counter", "reads sent to a further replica because the first was slow"),
     "placement_degraded": ("counter", "ensembles or replacements placed without rack diversity (too few racks)"),
     "quarantine_overridden": ("counter", "replacements that had to pick a quarantined bookie (nothing else left)"),
+    "write_lacs": ("counter", "WRITE_LAC requests sent: explicit LACs of writers that paused (client/lac_wheel.py)"),
     "quarantined_bookies": ("gauge", "bookies that failed adds lately, kept out of new ensembles "
                                      "(bookie_quarantine_s); distinct over the process's clients"),
 }
@@ -64,7 +65,7 @@ CLIENT_METRICS: dict[str, tuple[str, str]] = {
 # latencies observed plus the errors (a success is counted once, by its histogram).
 _STATS = {"add_entry_errors": "add_errors", "read_entry_errors": "read_errors", "ensemble_changes": "ensemble_changes",
           "speculative_reads": "speculative_reads", "placement_degraded": "placement_degraded",
-          "quarantine_overridden": "quarantine_overridden"}
+          "quarantine_overridden": "quarantine_overridden", "write_lacs": "write_lacs"}
 
 _clients: weakref.WeakSet[BookKeeper] = weakref.WeakSet()
 _registries: weakref.WeakSet[CollectorRegistry] = weakref.WeakSet()

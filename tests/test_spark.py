@@ -245,15 +245,10 @@ def _damage_next_entry(lh: bookkeeper.sync.WriteHandle) -> None:
     """The next entry leaves the client with one payload byte flipped after its checksum was
     computed: every replica stores the same damaged bytes (bookies do not check digests).
     The handle's usual send path encodes in C (AddTracker.send_entries), past any Python hook,
-    so for this entry its segment reports no pipes and it takes the per-entry path, which
-    encodes through the digest manager."""
+    so for this entry the handle takes the per-entry path (as a recovery's rewrite does),
+    which encodes through the digest manager."""
     handle = lh._h  # the asyncio handle behind the blocking view
     real = handle._digest
-    real_segment = handle._current_segment
-
-    def per_entry_segment() -> tuple:
-        ensemble, conns, _pipes = real_segment()
-        return ensemble, conns, None
 
     class Damaging:
         def __getattr__(self, name: str) -> Any:
@@ -261,12 +256,12 @@ def _damage_next_entry(lh: bookkeeper.sync.WriteHandle) -> None:
 
         def encode(self, entry_id: int, lac: int, length: int, data: bytes) -> bytes:
             handle._digest = real
-            del handle._current_segment  # the class's method again
+            handle._recovery = False
             out = bytearray(real.encode(entry_id, lac, length, data))
             out[-1] ^= 0xFF
             return bytes(out)
     handle._digest = Damaging()
-    handle._current_segment = per_entry_segment
+    handle._recovery = True
 
 
 def test_stream_batch_read_by_positions(spark, cluster) -> None:

@@ -505,8 +505,32 @@ class ShardConnection:
         self._transport = None
 
 
+class Segment:
+    """Where the entries of one ledger segment go (client loop only): its ensemble, each
+    slot's shard connection (None: the bookie is not registered) and their request pipes
+    (None unless every slot routes). Shared by every handle whose segment has the same
+    bookies owning its ledger on the same shards: a client with 10^4 open handles over a few
+    ensembles keeps a few of these, not 10^4 (issue 26: what an open handle costs)."""
+
+    __slots__ = ("ensemble", "conns", "pipes", "epoch")
+
+    def __init__(self, ensemble: list[str], conns: list[ShardConnection | None], epoch: int) -> None:
+        self.ensemble = ensemble
+        self.conns = conns
+        self.pipes: list[Any] | None = None if None in conns else [c.pipe for c in conns]  # type: ignore[union-attr]
+        self.epoch = epoch  # the pool's routes_epoch it was routed at: stale once that moves
+
+
+MAX_SEGMENTS = 4096  # distinct segments cached; past it the cache starts again (handles keep theirs)
+
+
 class BookieClientPool:
-    """Shard-aware routing: bookie id + ledger id -> the owning shard's connection."""
+    """Shard-aware routing: bookie id + ledger id -> the owning shard's connection.
+
+    Routes are cached per bookie (its shards' connections, from its registration); the shard
+    of a ledger is shard_for_ledger(ledger id, the bookie's shard count), the function the
+    bookie answers by. Nothing is cached per ledger: a client with 10^4 open ledgers keeps
+    routes for its bookies only."""
 
     def __init__(self, resolve: Callable[[str], dict[str, Any] | None], *, timeout_s: float = 30.0,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, trust: ClientTrust | None = None,
@@ -517,32 +541,52 @@ class BookieClientPool:
         self.max_frame_bytes = max_frame_bytes
         self.trust = trust or ClientTrust()
         self._conns: dict[tuple[str, str, int], ShardConnection] = {}
-        self._routes: dict[tuple[str, int], ShardConnection] = {}
-        self.routes_epoch = 0  # bumped when routes are forgotten: callers' own route caches key on it
+        self._routes: dict[str, list[ShardConnection]] = {}  # bookie id -> its shards' connections, in shard order
+        self._segments: dict[tuple[Any, ...], Segment] = {}
+        self.routes_epoch = 0  # bumped when routes are forgotten: segments routed before are stale
         self._sweeper: asyncio.Task[None] | None = None
+        self.closed = False
 
     def invalidate_routes(self) -> None:
         """Forget cached routes (registrations were re-read)."""
         self._routes.clear()
+        self._segments.clear()
         self.routes_epoch += 1
 
     def connection(self, bookie_id: str, ledger_id: int) -> ShardConnection:
-        """The owning shard's connection; routes are cached per (bookie, ledger): adds are hot."""
-        conn = self._routes.get((bookie_id, ledger_id))
-        if conn is not None:
-            return conn
-        if len(self._routes) > 100_000:
-            self._routes.clear()
-        conn = self._routes[(bookie_id, ledger_id)] = self._route(bookie_id, ledger_id)
-        return conn
+        """The connection of the shard of bookie_id that owns ledger_id."""
+        conns = self._routes.get(bookie_id) or self._route(bookie_id)
+        return conns[shard_for_ledger(ledger_id, len(conns))]
 
-    def _route(self, bookie_id: str, ledger_id: int) -> ShardConnection:
+    def _route(self, bookie_id: str) -> list[ShardConnection]:
         info = self._resolve(bookie_id)
         if info is None:
             raise BookieUnavailableError(f"bookie {bookie_id} is not registered")
-        shards = info["shards"]
-        shard = shards[shard_for_ledger(ledger_id, len(shards))]
-        return self.connection_to(shard["host"], shard["port"], bookie_id)
+        if not info["shards"]:
+            raise BookieUnavailableError(f"bookie {bookie_id} registers no shard")
+        conns = self._routes[bookie_id] = [self.connection_to(shard["host"], shard["port"], bookie_id)
+                                           for shard in info["shards"]]
+        return conns
+
+    def segment(self, ensemble: list[str], ledger_id: int) -> Segment:
+        """The shared Segment of ledger_id's entries over `ensemble` (routed now; a handle
+        asks again once routes_epoch moves)."""
+        key: list[Any] = []
+        conns: list[ShardConnection | None] = []
+        for bookie in ensemble:
+            try:
+                conn = self.connection(bookie, ledger_id)
+            except BKError:
+                conn = None
+            key.append(bookie)
+            key.append(None if conn is None else (conn.host, conn.port))
+            conns.append(conn)
+        found = self._segments.get(tuple(key))
+        if found is None:
+            if len(self._segments) >= MAX_SEGMENTS:
+                self._segments.clear()
+            found = self._segments[tuple(key)] = Segment(list(ensemble), conns, self.routes_epoch)
+        return found
 
     def connection_to(self, host: str, port: int, bookie_id: str | None = None) -> ShardConnection:
         """The connection to a shard address serving bookie_id (default: the address itself).
@@ -601,13 +645,14 @@ class BookieClientPool:
                 self.trust.tls.maybe_reload()
 
     def close(self) -> None:
+        self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
-        self._routes.clear()
+        self.invalidate_routes()
 
 
 class BookieHealth:

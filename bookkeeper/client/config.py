@@ -23,7 +23,8 @@ class ClientConfig:
     max_outstanding_adds: int = 20_000      # per ledger: add_entry waits, add_entry_async refuses
     read_window: int = 512                  # entries in flight per range read
     long_poll_timeout_ms: int = 2_000       # tail: how long a bookie holds a long-poll read
-    explicit_lac_interval_ms: int = 10      # an idle writer sends its LAC after this long (0: never)
+    explicit_lac_interval_ms: int = 10      # an idle writer sends its LAC after this long (0: never): the tick of
+                                            # the client's LAC wheel; a handle made while it is 0 never does
     placement: str = "rack_aware"           # or "random"
     placement_strict: bool = False          # rack_aware: fail instead of degrading when racks are too few
     zk_session_timeout_ms: int = 10_000

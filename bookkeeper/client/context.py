@@ -9,13 +9,16 @@ anything with these names.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bookkeeper._ext.client import LatencyHistogram
 from bookkeeper.client.bookie_client import BookieClientPool, BookieHealth
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.clock import Clock
 from bookkeeper.meta.ledger_metadata import LedgerMetadata
+
+if TYPE_CHECKING:
+    from bookkeeper.client.lac_wheel import LacWheel
 
 
 class LedgerContext(Protocol):
@@ -29,6 +32,7 @@ class LedgerContext(Protocol):
     stats: dict[str, int]
     add_latency: LatencyHistogram
     read_latency: LatencyHistogram
+    lac_wheel: LacWheel       # the client's one explicit-LAC timer (client/lac_wheel.py)
 
     def master_key(self, password: bytes) -> bytes: ...
 

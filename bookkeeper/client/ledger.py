@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,14 +28,7 @@ from bookkeeper.client.core import recovery as recovery_core
 from bookkeeper.client.core.reads import DENIALS, ReplicaRead
 from bookkeeper.client.core.recovery import EntryVote, FenceVote
 from bookkeeper.client.core.tailing import PollAnswer, head_outcome, judge_poll_answer, unheld_pause_s
-from bookkeeper.client.core.writer import (
-    CHANGE_BACKOFF_FIRST_S,
-    CloseStep,
-    LacStep,
-    Verdict,
-    WriterCore,
-    lac_step,
-)
+from bookkeeper.client.core.writer import CHANGE_BACKOFF_FIRST_S, CloseStep, Verdict, WriterCore
 from bookkeeper.client.digest import HEADER_BYTES, DigestManager
 from bookkeeper.clock import system_monotonic
 from bookkeeper.errors import (
@@ -56,11 +50,26 @@ from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 from bookkeeper.proto import REQUEST_HEADER_BYTES, Flag, Op
 
 if TYPE_CHECKING:
-    from bookkeeper.client.bookie_client import ShardConnection
+    from bookkeeper.client.bookie_client import Segment
 
 log = logging.getLogger(__name__)
 
 ReadResult = tuple[bytes, int, int]  # data, lac piggybacked, ledger length after the entry
+MAX_SHARED_KEYS = 1024  # distinct derived keys shared between handles; past it the table starts again
+_shared_keys: dict[bytes, bytes] = {}
+
+
+def _shared_key(key: bytes) -> bytes:
+    """One bytes object per distinct derived key (master key, MAC key) for every handle of the
+    process: ledgers written with one password share it. Why: 53 bytes fewer per handle, and
+    one object every add reads that stays in the CPU's caches instead of one per handle that
+    does not (10^4 open handles: issue 26). Keys, not passwords: each is a SHA-1 of one."""
+    shared = _shared_keys.get(key)
+    if shared is None:
+        if len(_shared_keys) >= MAX_SHARED_KEYS:
+            _shared_keys.clear()
+        shared = _shared_keys[key] = key
+    return shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +305,11 @@ class _TailHead:
 
 
 class ReadHandle:
-    """Reads a ledger (closed, or open and read up to its LAC)."""
+    """Reads a ledger (closed, or open and read up to its LAC).
+
+    Slotted, as its subclasses: a client may hold 10^4 open handles (issue 26)."""
+
+    __slots__ = ("_ctx", "_loop", "metadata", "ledger_id", "_digest", "_key", "_lac", "_length")
 
     def __init__(self, ctx: LedgerContext, metadata: LedgerMetadata, password: bytes, lac: int) -> None:
         self._ctx = ctx
@@ -304,7 +317,7 @@ class ReadHandle:
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self._digest = DigestManager(metadata.ledger_id, metadata.digest, password)
-        self._key = ctx.master_key(password)
+        self._key = _shared_key(ctx.master_key(password))
         self._lac = lac
         self._length = metadata.length
 
@@ -472,6 +485,8 @@ class _RecoveryReader(ReadHandle):
     steps of a recovery that has claimed the ledger IN_RECOVERY, not a way to stop a writer;
     core/recovery.py decides what the answers mean)."""
 
+    __slots__ = ()
+
     async def fence(self) -> tuple[int, int]:
         """Fence the last ensemble (READ_LAC with FENCE) until no write set has Qa unfenced
         bookies: where recovery starts, the highest LAC the fenced bookies know (which this
@@ -520,7 +535,16 @@ class WriteHandle(ReadHandle):
 
     The decisions (what a failed add means, each ensemble change step, a close after a
     conflict, the explicit LAC) are WriterCore's (bookkeeper/client/core/writer.py); this
-    shell sends frames, keeps futures and timers, and calls ZooKeeper."""
+    shell sends frames, keeps futures, and calls ZooKeeper. Its explicit LAC is the client's
+    LAC wheel's to send (bookkeeper/client/lac_wheel.py).
+
+    What an open handle holds (issue 26: <= 2 KB with its metadata, over 10^4 handles): its
+    tracker (a ring of 4 entries to start), its core, its sink, and a Segment shared with
+    every handle of the same ensemble and shards. No reference cycle: its sink holds it by a
+    weak reference, so a dropped handle is freed at once, frozen (gc.freeze) or not."""
+
+    __slots__ = ("_tracker", "_core", "_sink", "_recovery", "_lac_floor", "_add_flags", "_frame_overhead",
+                 "_changing", "_segment", "_segment_md", "_kind", "_mac_key", "__weakref__")
 
     def __init__(self, ctx: LedgerContext, metadata: LedgerMetadata, password: bytes, *,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
@@ -537,22 +561,18 @@ class WriteHandle(ReadHandle):
         self._recovery = recovery
         self._lac_floor = lac
         self._add_flags = Flag.RECOVERY_ADD if recovery else 0
-        self._next = lac + 1
-        self._sent_length = length  # ledger length after the last entry sent: each entry's length field
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
+        # The digest's kind and key, read by every add: kept here, one object fewer to touch an
+        # add (with 10^4 handles, each add's objects are out of the CPU's caches).
+        self._kind, self._mac_key = self._digest.kind, _shared_key(self._digest.mac_key)
         self._changing: asyncio.Task[None] | None = None
-        self._room: asyncio.Future[None] | None = None
-        self._segment_md: LedgerMetadata | None = None  # what _segment was built from
-        self._segment_epoch = -1
-        self._segment: tuple[list[str], list[ShardConnection | None], list[Any] | None] = ([], [], None)
-        # One callback for every add sent: the pipes count its OK responses in C (AckSink).
-        self._add_callback = AckSink(self._tracker, self._core.failed, self._on_add_response, self._on_acks)
-        # Explicit LAC: what the bookies were last told the LAC is (piggybacked or sent), the adds
-        # sent so far (a timer that sees them move knows the writer was not idle), and the timer.
-        self._lac_told = lac
-        self._adds_sent = 0
-        self._lac_timer: asyncio.TimerHandle | None = None
-        self._lac_timer_adds = 0
+        self._segment: Segment | None = None  # where new entries go, routed from _segment_md
+        self._segment_md: LedgerMetadata | None = None
+        # One callback for every add sent: the pipes count its OK responses in C (AckSink), which
+        # also wakes a waiter for room and joins the LAC wheel's queue when the LAC moves.
+        explicit = not recovery and ctx.config.explicit_lac_interval_ms > 0
+        self._sink = AckSink(self._tracker, None, WriteHandle._on_add_response, owner=weakref.ref(self),
+                             core=self._core, lacs=ctx.lac_wheel.queue if explicit else None)
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -605,7 +625,7 @@ class WriteHandle(ReadHandle):
         if not items:
             out.set_result([])
             return out
-        first = self._next
+        first: int = self._tracker.next_id
         last_fut: asyncio.Future[int] = self._loop.create_future()
         self._send_entries(items, last_fut)
 
@@ -635,7 +655,7 @@ class WriteHandle(ReadHandle):
         (in id order), or callback(entry_id, error) if the handle fails first. For services that
         do not want a future per entry; an exception from the callback is logged, not raised."""
         self._check_room(1)
-        self._send_entries([self._checked(data)], _AddCallback(callback, self._next))
+        self._send_entries([self._checked(data)], _AddCallback(callback, self._tracker.next_id))
 
     def _check_room(self, n: int) -> None:
         core = self._core
@@ -659,67 +679,53 @@ class WriteHandle(ReadHandle):
         """Give the next ids to items and send each to its write set; last (a future, an
         _AddCallback or None) is settled with the last one. The common case (a writer, every
         slot routable) runs in one C loop (AddTracker.send_entries); else entry by entry."""
-        first = self._next
-        ensemble, conns, pipes = self._current_segment()
-        if self._recovery or pipes is None:
+        segment = self._current_segment()
+        if self._recovery or segment.pipes is None:
             for data in items[:-1]:
                 self._send_entry(data, None)
             self._send_entry(items[-1], last)
             return
-        piggyback = self._tracker.lac
-        self._next += len(items)
-        self._adds_sent += len(items)
-        self._lac_told = piggyback
-        self._sent_length, unconnected = self._tracker.send_entries(
-            items, first, piggyback, self._sent_length, self._digest.kind, self._digest.mac_key, self.ledger_id,
-            self._key, self._add_flags, ensemble, pipes, self._add_callback, self._ctx.config.add_timeout_s, last)
+        tracker = self._tracker
+        unconnected = tracker.send_entries(items, tracker.next_id, tracker.lac, self._kind, self._mac_key,
+                                           self.ledger_id, self._key, self._add_flags, segment.ensemble, segment.pipes,
+                                           self._sink, self._ctx.config.add_timeout_s, last)
         for idx in unconnected:
-            conns[idx].ensure_connecting()
+            segment.conns[idx].ensure_connecting()
 
     def _send_entry(self, data: bytes, fut: Any) -> None:
         """Give the next entry id to data and send it to its write set; fut (a future, an
         _AddCallback or None) is settled when it is acknowledged or the handle fails."""
-        entry_id = self._next
-        self._next += 1
-        self._sent_length += len(data)
+        entry_id = self._tracker.next_id
         # A recovery rewrite piggybacks the LAC recovery started from, never its own progress:
         # a concurrent recovery may still close the ledger earlier, and tailers trust the LAC.
         piggyback = self._lac_floor if self._recovery else self._tracker.lac
-        self._lac_told = piggyback
-        self._adds_sent += 1
-        payload = self._digest.encode(entry_id, piggyback, self._sent_length, data)
-        ensemble, conns, _ = self._current_segment()
+        self._tracker.lac_told = piggyback
+        payload = self._digest.encode(entry_id, piggyback, self._tracker.sent_length + len(data), data)
+        segment = self._current_segment()
+        ensemble = segment.ensemble
         timeout_s = self._ctx.config.add_timeout_s
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
-            conn = conns[idx]
+            conn = segment.conns[idx]
             if conn is None:
                 self._send_add(entry_id, idx, ensemble[idx], payload)  # unroutable: fails through the pool
             elif conn.pipe.send(Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
-                                self._add_callback, (entry_id, idx, ensemble[idx]), timeout_s):
+                                self._sink, (entry_id, idx, ensemble[idx]), timeout_s):
                 conn.ensure_connecting()
 
-    def _current_segment(self) -> tuple[list[str], list[ShardConnection | None], list[Any] | None]:
-        """The last segment's ensemble, each slot's shard connection (None: unroutable) and
-        their pipes (None if a slot is unroutable), cached until the metadata or the pool's
+    def _current_segment(self) -> Segment:
+        """The last segment's ensemble, each slot's shard connection and their pipes (the
+        pool's Segment, shared with other handles), kept until the metadata or the pool's
         routes change.
 
         Every new entry belongs to the last segment: a writer's (a new segment starts at its
         LAC + 1), and a recovery's rewrites too (recovery starts no lower than the fenced
         writer's last segment: core/recovery.py, FenceVote.outcome).
         """
-        md, epoch = self._core.metadata, self._ctx.pool.routes_epoch
-        if md is not self._segment_md or epoch != self._segment_epoch:
-            first = max(md.ensembles)
-            ensemble = md.ensembles[first]
-            conns: list[ShardConnection | None] = []
-            for bookie in ensemble:
-                try:
-                    conns.append(self._ctx.pool.connection(bookie, self.ledger_id))
-                except BKError:
-                    conns.append(None)
-            pipes = None if None in conns else [c.pipe for c in conns]  # type: ignore[union-attr]
-            self._segment_md, self._segment_epoch, self._segment = md, epoch, (ensemble, conns, pipes)
-        return self._segment
+        md, segment = self._core.metadata, self._segment
+        if md is not self._segment_md or segment is None or segment.epoch != self._ctx.pool.routes_epoch:
+            segment = self._segment = self._ctx.pool.segment(md.ensembles[max(md.ensembles)], self.ledger_id)
+            self._segment_md = md
+        return segment
 
     async def add_entry(self, data: bytes) -> int:
         """Add one entry and wait for its acknowledgement; waits for room at the outstanding bound."""
@@ -731,14 +737,19 @@ class WriteHandle(ReadHandle):
         another caller takes the room first, add_entry_async/add_entries_async of n entries is
         not refused for room."""
         while self._tracker.outstanding + n > self._ctx.config.max_outstanding_adds and self._core.error is None:
-            if self._room is None or self._room.done():
-                self._room = self._loop.create_future()
-            await asyncio.shield(self._room)
+            await asyncio.shield(self._room())
+
+    def _room(self) -> asyncio.Future[None]:
+        """A future the sink sets when entries are acknowledged next (or _fail sets)."""
+        room: asyncio.Future[None] | None = self._sink.room
+        if room is None or room.done():
+            room = self._sink.room = self._loop.create_future()
+        return room
 
     def _send_add(self, entry_id: int, idx: int, bookie: str, payload: bytes) -> None:
         self._tracker.mark_sent(entry_id, idx, bookie)
         self._ctx.pool.send(bookie, Op.ADD_ENTRY, self._add_flags, self.ledger_id, entry_id, self._key, 0, payload,
-                           self._add_callback, (entry_id, idx, bookie), self._ctx.config.add_timeout_s)
+                           self._sink, (entry_id, idx, bookie), self._ctx.config.add_timeout_s)
 
     def _on_add_response(self, ctx: tuple[int, int, str], resp: tuple[Any, ...] | None, err: BKError) -> None:
         """A failed add (an error status, a timeout, a lost connection): its AckSink acknowledges
@@ -764,35 +775,18 @@ class WriteHandle(ReadHandle):
             self._changing = self._loop.create_task(self._change_ensemble())
             self._changing.add_done_callback(self._change_done)
 
-    def _on_acks(self) -> None:
-        """Entries became acknowledged (their futures are resolved already, in C)."""
-        if self._room is not None and not self._room.done():
-            self._room.set_result(None)  # a waiter for room, or close() for the last ack
-        if self._lac_timer is None and not self._recovery and self._ctx.config.explicit_lac_interval_ms:
-            self._arm_lac_timer()
-
     # -- explicit LAC ------------------------------------------------------
-    def _arm_lac_timer(self) -> None:
-        self._lac_timer_adds = self._adds_sent
-        self._lac_timer = self._loop.call_later(self._ctx.config.explicit_lac_interval_ms / 1000.0, self._lac_due)
-
-    def _lac_due(self) -> None:
-        """explicit_lac_interval_ms after the LAC moved: tell the write set of the last
-        acknowledged entry the LAC if the writer is idle (writer.lac_step says why)."""
-        self._lac_timer = None
-        lac = self._tracker.lac
-        step = lac_step(writing=self._core.writing, lac=lac, lac_told=self._lac_told, adds_sent=self._adds_sent,
-                        adds_at_arm=self._lac_timer_adds)
-        if step is LacStep.REARM:
-            self._arm_lac_timer()
-        if step is not LacStep.SEND:
-            return
-        self._lac_told = lac
+    def send_lac(self, lac: int) -> None:
+        """Tell the write set of entry `lac` that the entries up to it are acknowledged
+        (WRITE_LAC, one request per bookie: docs/protocol.md). The client's LAC wheel calls
+        this for a handle that sent no add since its LAC moved (bookkeeper/client/lac_wheel.py)."""
         md = self.metadata
         ensemble = md.ensemble_for(lac)
+        timeout_s = self._ctx.config.add_timeout_s
         for idx in write_set(lac, md.ensemble_size, md.write_quorum):
             self._ctx.pool.send(ensemble[idx], Op.WRITE_LAC, 0, self.ledger_id, lac, self._key, 0, b"",
-                                _lac_answered, (self.ledger_id, ensemble[idx]), self._ctx.config.add_timeout_s)
+                                _lac_answered, (self.ledger_id, ensemble[idx]), timeout_s)
+        self._ctx.stats["write_lacs"] += md.write_quorum
 
     async def _change_ensemble(self) -> None:
         """Move the unacknowledged entries off failed bookies (ensemble change): the core names
@@ -805,7 +799,8 @@ class WriteHandle(ReadHandle):
             if change is None:
                 return
             try:
-                ensemble = await self._ctx.replacement_ensemble(core.metadata, change.base, change.slots, core.failed)
+                ensemble = await self._ctx.replacement_ensemble(core.metadata, change.base, change.slots,
+                                                                set(core.failed))
                 proposal = core.proposal(change, ensemble)
                 written = None if proposal is None else await self._ctx.write_metadata(proposal)
             except MetadataVersionError:
@@ -839,26 +834,23 @@ class WriteHandle(ReadHandle):
             self._fail(err if isinstance(err, BKError) else InternalError(f"ensemble change failed: {err!r}"))
 
     def _fail(self, err: BKError) -> None:
-        """The handle is broken: every outstanding and future add fails with its first error."""
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
+        """The handle is broken: every outstanding and future add fails with its first error
+        (the LAC wheel drops it: its core no longer writes)."""
         dropped = self._core.fail(err)
         if not self._recovery:
             self._ctx.stats["add_errors"] += len(dropped)
         for _eid, fut in dropped:
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
-        if self._room is not None and not self._room.done():
-            self._room.set_result(None)
+        room = self._sink.room
+        if room is not None and not room.done():
+            room.set_result(None)
 
     async def drain(self) -> None:
         """Wait until every add sent is acknowledged and no ensemble change runs; raises the
         handle's error if it has failed (a recovery waits so for its rewrites)."""
         while self._tracker.outstanding and self._core.error is None:  # settled in order: the last ack ends it
-            if self._room is None or self._room.done():
-                self._room = self._loop.create_future()
-            await asyncio.shield(self._room)
+            await asyncio.shield(self._room())
         if self._changing is not None:
             await asyncio.gather(self._changing, return_exceptions=True)
         if self._core.error is not None:
@@ -869,10 +861,7 @@ class WriteHandle(ReadHandle):
         if self.metadata.is_closed:
             return
         core = self._core
-        core.closing = True
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()  # the close itself tells tailers where the ledger ends
-            self._lac_timer = None
+        core.closing = True  # no explicit LAC from here: the close itself tells tailers where the ledger ends
         try:
             await self.drain()
         except BKError:

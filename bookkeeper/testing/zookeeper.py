@@ -458,7 +458,7 @@ class ZooKeeperServer:
             "-cp",
             zookeeper_classpath(),
             "-Xms32m",
-            "-Xmx256m",
+            f"-Xmx{os.environ.get('BK_TEST_ZK_HEAP', '256m')}",  # bk bench ledgers --metadata 10^6 needs ~3g
             # Small heap, few GC threads; faster start with the C1 compiler
             # only - ZooKeeper's load in tests is tiny.
             "-XX:+UseSerialGC",

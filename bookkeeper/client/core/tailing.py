@@ -8,11 +8,13 @@ reader has. Why every bookie in the end: a bookie's LAC moves only when the writ
 by the LAC piggybacked on an add sent to that bookie or by an explicit LAC sent to the write
 set of the last acknowledged entry. The first replica of the next entry may hear of neither
 for as long as the writer pauses (after pipelined adds, at 3/2/2 one pause in three), while
-some bookie of the ensemble always hears the explicit LAC. Why not every bookie at once:
-while entries flow the first replica answers within about two adds, and polling all of
-them cost 27-37% of the adds/s of a W=1 writer beside a tailer (`bk bench cluster`: every
-extra request and answer wakes a shard and the client). A bookie answers once its LAC
-covers the entry, with the entry if it stores it (docs/protocol.md, READ_ENTRY).
+some bookie of the ensemble always hears the explicit LAC (one to two intervals after the
+pause; later when many of its client's handles pause at once: the LAC wheel's budget,
+docs/protocol.md). Why not every bookie at once: while entries flow the first replica
+answers within about two adds, and polling all of them cost 27-37% of the adds/s of a W=1
+writer beside a tailer (`bk bench cluster`: every extra request and answer wakes a shard and
+the client). A bookie answers once its LAC covers the entry, with the entry if it stores it
+(docs/protocol.md, READ_ENTRY).
 
 A bookie that holds nothing of the ledger yet (no add has reached it) answers at once with
 NO_SUCH_LEDGER rather than park the poll (a peer must not park polls on ledger ids nobody

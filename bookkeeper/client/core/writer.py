@@ -2,11 +2,12 @@
 
 Events in: a failed add (an error status, a timeout, a lost connection: OK responses are
 counted in C by the AddTracker), a metadata result (a new version, a conflict with the fresh
-metadata, an error), the explicit-LAC timer. Decisions out: ignore, fail the handle, or
-replace a bookie; the next ensemble change (the start, the ensemble it changes, its failed
+metadata, an error), a tick of the client's LAC wheel. Decisions out: ignore, fail the handle,
+or replace a bookie; the next ensemble change (the start, the ensemble it changes, its failed
 slots), the metadata it proposes, the entries to resend; what a close writes and whether a
-conflict ends it; whether an explicit LAC is due. No loop, socket, clock, sleep or future
-made here: the shell does each thing a decision names and feeds the result back.
+conflict ends it; whether an explicit LAC is due, and how many a tick may send. No loop,
+socket, clock, sleep or future made here: the shell does each thing a decision names and
+feeds the result back.
 
 Why a core: these rules keep acknowledged entries safe, and each defect found in them was
 found late under real processes and timing luck (a hung bookie kept after a late failure, a
@@ -16,15 +17,20 @@ once-failed bookie never taken back). As plain calls they are scripted event by 
 from __future__ import annotations
 
 import enum
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
+from bookkeeper._ext.client import LAC_NOTHING, LAC_REARM, LAC_SEND, lac_step_code
 from bookkeeper.client.core.quorum import write_set
 from bookkeeper.errors import BKError, LedgerFencedError
 from bookkeeper.meta.ledger_metadata import LedgerMetadata, LedgerState
 
 CHANGE_BACKOFF_FIRST_S = 0.05
 CHANGE_BACKOFF_MAX_S = 5.0  # a retriable metadata error past this backoff fails the handle
+# The explicit-LAC budget of one tick of a client's LAC wheel (explicit_lac_budget says why).
+LAC_HANDLES_PER_TICK = 32   # handles told per tick whatever the load: ~3,200 a second at 10 ms
+ADDS_PER_EXPLICIT_LAC = 64  # ... and one more per this many entries acknowledged since the last tick
 
 
 class Verdict(enum.Enum):
@@ -61,7 +67,7 @@ class CloseStep(enum.Enum):
 
 
 class LacStep(enum.Enum):
-    """What the explicit-LAC timer does when it fires."""
+    """What the client's LAC wheel does with a handle whose LAC moved, at its visit."""
 
     NOTHING = "nothing"  # the bookies know the LAC, or the handle no longer writes
     REARM = "rearm"      # adds were sent since: the next one piggybacks the LAC
@@ -72,20 +78,31 @@ class WriterCore:
     """The state a writer's decisions need, and the decisions.
 
     `tracker` is the AddTracker (Cython, the add hot path: outstanding entries, their acks,
-    the LAC); `failed` the set of bookies being replaced, shared with the AckSink, which
-    ignores their OK responses in C. `recovery`: a recovery's rewrites (the metadata
-    IN_RECOVERY is the state it writes in).
+    the LAC, and the bookies being replaced, whose OK responses its AckSink ignores in C).
+    `recovery`: a recovery's rewrites (the metadata IN_RECOVERY is the state it writes in).
     """
 
-    __slots__ = ("metadata", "tracker", "failed", "error", "closing", "writable_state")
+    __slots__ = ("metadata", "tracker", "error", "closing", "writable_state")
 
     def __init__(self, metadata: LedgerMetadata, tracker: Any, *, recovery: bool = False) -> None:
         self.metadata = metadata
         self.tracker = tracker
-        self.failed: set[str] = set()
         self.error: BKError | None = None
         self.closing = False
         self.writable_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+
+    @property
+    def failed(self) -> Set[str]:
+        """The bookies being replaced: the tracker's, an empty frozenset while there are none
+        (an empty set per handle was a tenth of what an open handle costs)."""
+        failed: Set[str] = self.tracker.failed_bookies
+        return failed
+
+    def _mark_failed(self, bookie: str) -> None:
+        failed = self.tracker.failed_bookies
+        if not isinstance(failed, set):
+            failed = self.tracker.failed_bookies = set()
+        failed.add(bookie)
 
     @property
     def writing(self) -> bool:
@@ -100,14 +117,14 @@ class WriterCore:
         ledger_id = self.metadata.ledger_id
         if not self.tracker.is_current(entry_id, idx, bookie):
             if err.retriable and self.still_writing_to(entry_id, bookie):
-                self.failed.add(bookie)
+                self._mark_failed(bookie)
                 return Verdict.REPLACE, None
             return Verdict.IGNORE, None
         if isinstance(err, LedgerFencedError):
             return Verdict.FAIL, LedgerFencedError(f"ledger {ledger_id} was fenced: a recovery open took it over")
         if err.retriable:
             self.tracker.fail(entry_id, idx)
-            self.failed.add(bookie)
+            self._mark_failed(bookie)
             return Verdict.REPLACE, None
         return Verdict.FAIL, type(err)(f"add of entry {entry_id} to ledger {ledger_id} failed: {err}")
 
@@ -149,7 +166,7 @@ class WriterCore:
         failed = self.failed
         pending = [(e, tracker.sent_to(e)) for e in tracker.pending_ids()]
         if failed.isdisjoint(base) and not any(b in failed for _e, sent in pending for b in sent):
-            failed.clear()
+            tracker.failed_bookies = frozenset()
             return None
         self.forget_failed_copies(pending)
         return Change(start, base, [i for i, b in enumerate(base) if b in failed])
@@ -252,19 +269,46 @@ class WriterCore:
         return CloseStep.RETRY
 
 
+_LAC_STEPS = {LAC_NOTHING: LacStep.NOTHING, LAC_REARM: LacStep.REARM, LAC_SEND: LacStep.SEND}
+
+
 def lac_step(*, writing: bool, lac: int, lac_told: int, adds_sent: int, adds_at_arm: int) -> LacStep:
-    """The explicit-LAC timer fired (explicit_lac_interval_ms after the LAC moved).
+    """A handle whose LAC moved is visited by the client's LAC wheel, one to two ticks
+    (explicit_lac_interval_ms each) after it joined (adds_at_arm: the adds sent by then).
 
     Why: a bookie learns the LAC only from the next add, which piggybacks it; a writer that
     pauses would leave its last entries invisible to tailers until it writes again or
-    closes. While adds flow the piggyback does the job and the timer only re-arms.
+    closes. While adds flow the piggyback does the job and the handle only joins again.
     (Apache BookKeeper's WRITE_LAC / explicitLacInterval.)
+
+    The rule runs in C (client.pyx, lac_step_code: the LacQueue applies it to every handle
+    it visits, a visit per add when handles are written less often than the interval);
+    this is its face for the shell's readers and the writer scripts.
     """
-    if not writing or lac <= lac_told:
-        return LacStep.NOTHING
-    if adds_sent != adds_at_arm:
-        return LacStep.REARM
-    return LacStep.SEND
+    return _LAC_STEPS[lac_step_code(writing, lac, lac_told, adds_sent, adds_at_arm)]
 
 
-__all__ = ["CHANGE_BACKOFF_FIRST_S", "Change", "CloseStep", "LacStep", "Resend", "Verdict", "WriterCore", "lac_step"]
+def explicit_lac_budget(acked: int) -> int:
+    """How many handles one tick of the LAC wheel may send WRITE_LAC for, `acked` entries
+    having been acknowledged on the client's handles since the last tick.
+
+    Why a budget: WRITE_LAC names one ledger (docs/protocol.md), so nothing coalesces them,
+    and a handle written less often than the interval would cost Qw of them per add: over
+    10^4 such handles, as many WRITE_LAC requests and answers as add requests and answers.
+    The budget is LAC_HANDLES_PER_TICK whatever the load (a few paused writers are told
+    within the interval, as before), plus one per ADDS_PER_EXPLICIT_LAC entries acknowledged
+    (at most Qw/64 WRITE_LACs per add on top). Handles past it wait their turn in order; an
+    add meanwhile piggybacks the LAC, and the handle is dropped when visited.
+
+    | acked since the last tick | budget (handles) |
+    |---------------------------|------------------|
+    | 0                         | 32               |
+    | 63                        | 32               |
+    | 64                        | 33               |
+    | 640                       | 42               |
+    """
+    return LAC_HANDLES_PER_TICK + acked // ADDS_PER_EXPLICIT_LAC
+
+
+__all__ = ["ADDS_PER_EXPLICIT_LAC", "CHANGE_BACKOFF_FIRST_S", "LAC_HANDLES_PER_TICK", "Change", "CloseStep", "LacStep",
+           "Resend", "Verdict", "WriterCore", "explicit_lac_budget", "lac_step"]
