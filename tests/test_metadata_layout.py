@@ -175,3 +175,38 @@ def test_bk_metadata_status_and_upgrade(zk: ZooKeeperServer, tmp_path: Path) -> 
         assert bk("status") == {"layout": 2, "supported": 2, "allocator": "blocks", "next_id": first["next_id"]}
     finally:
         store.close()
+
+
+def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_cluster) -> None:  # noqa: ANN001
+    """One create held in ZooKeeper's path (its metadata write waits on an event: the stall is
+    what is staged, ZooKeeper and the bookie are real) takes the only slot; the next waits
+    metadata_timeout_s and fails with MetadataServiceError, and goes through once the slot is
+    free. Nothing queues without bound."""
+    import asyncio
+    import threading
+
+    from bookkeeper.client import BookKeeper
+    from bookkeeper.errors import MetadataServiceError
+
+    cluster = make_cluster(bookies=1, shards=1)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri, max_pending_creates=1,
+                                            metadata_timeout_s=0.3) as bk:
+            release = threading.Event()
+            real = bk.store.create_ledger
+
+            def stalled(md: LedgerMetadata) -> LedgerMetadata:
+                release.wait(30)
+                return real(md)
+            bk.store.create_ledger = stalled
+            first = asyncio.ensure_future(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
+            await asyncio.sleep(0.1)
+            with pytest.raises(MetadataServiceError, match="1 creates pending"):
+                await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
+            release.set()
+            lh = await first
+            bk.store.create_ledger = real
+            second = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
+            assert second.ledger_id != lh.ledger_id
+    asyncio.run(main())
