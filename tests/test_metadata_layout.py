@@ -210,3 +210,20 @@ def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_c
             second = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
             assert second.ledger_id != lh.ledger_id
     asyncio.run(main())
+
+
+def test_an_upgrade_that_stopped_after_retiring_idgen_completes_when_run_again(zk: ZooKeeperServer) -> None:
+    """A first run that retired idgen and stopped before its multi-op (a crash) leaves layout
+    1 with an idgen nobody can write: the second run must not need to write it again."""
+    from bookkeeper.meta.zk import RETIRED_IDGEN, retired_acls
+
+    store = ZkMetadataStore(_uri(zk))
+    try:
+        _legacy(store)
+        store.create_ledger(_metadata(store.allocate_ledger_id()))
+        store.zk.set(store.idgen_path, RETIRED_IDGEN)
+        store.zk.set_acls(store.idgen_path, retired_acls(None))
+        assert store.layout_version() == 1
+        assert store.upgrade_layout()["layout"] == 2
+    finally:
+        store.close()

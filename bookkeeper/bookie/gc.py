@@ -96,9 +96,12 @@ class DeletedLedgerFinder:
             stats.ledgers_touched += len(suffixes)
             missing = suffixes.difference(listed) if listed is not None else suffixes
             if missing:
+                # After the sync the listing is compared whole again: a held ledger deleted
+                # between the two listings is gone too, and the pzxid recorded below is this
+                # listing's (comparing only the first one's misses would skip it for good).
                 listed = self._confirm(path, stats)
                 if listed is not None:
-                    missing.difference_update(listed)
+                    missing = suffixes.difference(listed)
                 base = bucket * BUCKET_SPAN
                 gone.extend(base + suffix for suffix in sorted(missing))
             if listed is not None:

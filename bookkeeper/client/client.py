@@ -346,7 +346,7 @@ class BookKeeper:
             if len(memo) >= PASSWORD_CACHE:
                 memo.clear()
             fut = memo[key] = asyncio.ensure_future(self._loop.run_in_executor(None, functools.partial(fn, *args)))
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or memo.pop(key, None))
+            fut.add_done_callback(lambda f: (f.cancelled() or f.exception() is not None) and memo.pop(key, None))
         result: T = await asyncio.shield(fut)
         return result
 

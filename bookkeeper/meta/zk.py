@@ -198,11 +198,17 @@ class _IdBlock:
         self.size = FIRST_BLOCK
 
     def take(self) -> int | None:
-        with self.lock:
+        """An id, or None when the block is used up or being refilled: the refill holds the lock
+        through a ZooKeeper round trip, and the event loop's caller must not wait for it."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
             if self.next >= self.end:
                 return None
             self.next += 1
             return self.next - 1
+        finally:
+            self.lock.release()
 
 
 class ZkMetadataStore:
@@ -381,9 +387,12 @@ class ZkMetadataStore:
             tx.create(self.layout_path, self._layout_doc(SUPPORTED_LAYOUT))
             tx.create(self.idblocks_path, b"0")
             tx.create(self.idgen_path, RETIRED_IDGEN, acl=retired_acls(self.zk.default_acl))
-            if not any(isinstance(r, NodeExistsError) for r in tx.commit()):
+            results = tx.commit()
+            if not any(isinstance(r, Exception) for r in results):
                 self.layout = SUPPORTED_LAYOUT
                 return
+            if not any(isinstance(r, NodeExistsError) for r in results):
+                raise MetadataLayoutError(f"could not lay out a new cluster at {self.root}: {results}")
         self.zk.ensure_path(self.idgen_path)
         self.layout = self.layout_version()
 
@@ -499,7 +508,8 @@ class ZkMetadataStore:
         if self.layout_version() >= 2:
             return self.layout_status()
         self.zk.ensure_path(self.idgen_path)
-        self.zk.set(self.idgen_path, RETIRED_IDGEN)
+        if self.zk.get(self.idgen_path)[0] != RETIRED_IDGEN:  # a second run after a crash: already set,
+            self.zk.set(self.idgen_path, RETIRED_IDGEN)        # and the retired ACL refuses the write
         self.zk.set_acls(self.idgen_path, retired_acls(self.zk.get_acls(self.idgen_path)[0] if self.security.auth
                                                        else None))
         stat = self.zk.exists(self.idgen_path)
