@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from bookkeeper.bookie.gc import DeletedLedgerFinder, compaction_plan
+from bookkeeper.bookie.gc import DeletedLedgerFinder, FinderStats, compaction_plan
+from bookkeeper.bookie.storage.ledger_storage import HeldBucket
 from bookkeeper.bookie.metrics import Histogram, families
 from bookkeeper.bookie.state import (MANUAL_REASON, READONLY, WRITABLE, DirState, JournalSpace, bookie_state,
                                     journal_space, next_dir_state)
@@ -159,34 +160,52 @@ def _create(store: ZkMetadataStore, lid: int) -> None:
                                        digest=DigestType.CRC32C, password_digest="x", ensembles={0: ["b"]}))
 
 
+def _held(lids: list[int], seen: dict[int, int]) -> dict[int, HeldBucket]:
+    """The shard's held buckets for these ledgers; a ledger is given the next serial the first
+    time it is held (as LedgerStorage does when a ledger is made)."""
+    held: dict[int, HeldBucket] = {}
+    for lid in lids:
+        serial = seen.setdefault(lid, len(seen) + 1)
+        bucket = held.setdefault(lid // 10_000, HeldBucket(set(), 0))
+        bucket.suffixes.add(lid % 10_000)
+        bucket.created = max(bucket.created, serial)
+    return held
+
+
 def test_finder_reads_one_stat_per_bucket_and_lists_only_changed_buckets(store: ZkMetadataStore) -> None:
     """Held ledgers in two buckets: the first cycle lists both; an unchanged cycle only stats them;
-    a deletion re-lists only its bucket; a bucket emptied (and removed) drops all it held; a
-    ledger created after a listing is never taken for deleted; ids never created are."""
+    a deletion re-lists only its bucket (and confirms after a sync); a bucket emptied (and
+    removed) drops all it held; a ledger created after a listing is never taken for deleted;
+    ids never created are."""
     a = [10_000 + i for i in range(5)]   # bucket 00/0001
     b = [20_000 + i for i in range(3)]   # bucket 00/0002
     for lid in a + b:
         _create(store, lid)
     finder = DeletedLedgerFinder(store)
-    gone, st = finder.find(a + b)
+    seen: dict[int, int] = {}
+
+    def find(lids: list[int]) -> tuple[list[int], FinderStats]:
+        st = FinderStats()
+        return sorted(finder.find(_held(lids, seen), st)), st
+    gone, st = find(a + b)
     assert gone == [] and (st.stat_reads, st.list_reads) == (2, 2)
-    gone, st = finder.find(a + b)
-    assert gone == [] and (st.stat_reads, st.list_reads) == (2, 0)
+    gone, st = find(a + b)
+    assert gone == [] and (st.stat_reads, st.list_reads, st.ledgers_touched) == (2, 0, 0)
     store.delete_ledger(a[0])
-    gone, st = finder.find(a + b)
-    assert gone == [a[0]] and (st.stat_reads, st.list_reads) == (2, 1)
+    gone, st = find(a + b)
+    assert gone == [a[0]] and st.list_reads == 1 and st.syncs == 1
     late = 10_042
     _create(store, late)  # created after the last listing of its bucket: must be relisted, not dropped
-    gone, st = finder.find(a[1:] + b + [late])
+    gone, st = find(a[1:] + b + [late])
     assert gone == [] and st.list_reads == 1
     never = 20_077  # a held id whose metadata never existed, in an unchanged bucket
-    gone, _ = finder.find(a[1:] + b + [late, never])
+    gone, _ = find(a[1:] + b + [late, never])
     assert gone == [never]
     for lid in b:
         store.delete_ledger(lid)  # the last one removes the bucket znode
-    gone, _ = finder.find(a[1:] + b + [late])
-    assert sorted(gone) == b
+    gone, _ = find(a[1:] + b + [late])
+    assert gone == b
     for lid in b[:1]:
         _create(store, lid)  # the bucket made again: a fresh pzxid, never a stale listing
-    gone, _ = finder.find(a[1:] + [late, b[0]])
+    gone, _ = find(a[1:] + [late, b[0]])
     assert gone == []
