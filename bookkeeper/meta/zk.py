@@ -538,9 +538,6 @@ class ZkMetadataStore:
                     return ids[-1]
         return -1
 
-    def instance_id(self) -> str:
-        return self.zk.get(f"{self.root}/INSTANCEID")[0].decode()
-
     # -- bookies -----------------------------------------------------------
     def _bookie_node(self, bookie_id: str, readonly: bool) -> str:
         return f"{self.root}/available/{'readonly/' if readonly else ''}{bookie_id}"
