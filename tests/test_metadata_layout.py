@@ -201,7 +201,8 @@ def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_c
                 return real(md)
             bk.store.create_ledger = stalled
             first = asyncio.ensure_future(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
-            await asyncio.sleep(0.1)
+            while not bk._creates.locked():  # the first create holds the one slot
+                await asyncio.sleep(0.01)
             with pytest.raises(MetadataServiceError, match="1 creates pending"):
                 await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
             release.set()
