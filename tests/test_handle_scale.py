@@ -187,3 +187,29 @@ def test_many_adds_in_flight_on_one_handle_grow_its_ring_and_are_acknowledged_in
             assert data == [b"%d" % i for i in range(3000)]
             await lh.close()
     run(main())
+
+
+def test_a_handle_dropped_with_adds_outstanding_still_settles_them(make_cluster) -> None:
+    """An application drops its write handle and awaits the adds it sent; one bookie of the
+    ensemble hangs, so those adds time out. The timeout needs the handle (replace the bookie,
+    re-send): a sink holding it only weakly found it gone and the adds never resolved. The
+    sink holds it while adds are outstanding and lets go once they are acknowledged (an idle
+    handle is no reference cycle: test_a_closed_write_handle_is_no_cyclic_garbage)."""
+    cluster = make_cluster(bookies=3, shards=1)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri, add_timeout_s=1.0) as bk:
+            h = await bk.create_ledger(ensemble=2, write_quorum=2, ack_quorum=2)
+            assert await h.add_entry(b"warm") == 0
+            assert h._sink.pinned_owner is None  # nothing outstanding: not held
+            hung = next(b for b in cluster.bookies if b.bookie_id == h.metadata.ensembles[0][0])
+            hung.hang()
+            try:
+                futs = [h.add_entry_async(b"x%d" % i) for i in range(3)]
+                assert h._sink.pinned_owner is h
+                del h
+                gc.collect()
+                assert await asyncio.wait_for(asyncio.gather(*futs), 30) == [1, 2, 3]
+            finally:
+                hung.resume()
+    run(main())

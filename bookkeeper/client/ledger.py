@@ -704,6 +704,7 @@ class WriteHandle(ReadHandle):
         segment = self._current_segment()
         ensemble = segment.ensemble
         timeout_s = self._ctx.config.add_timeout_s
+        self._sink.pin()  # held while the add is outstanding, though the application drops the handle
         for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
             conn = segment.conns[idx]
             if conn is None:
@@ -842,6 +843,7 @@ class WriteHandle(ReadHandle):
         for _eid, fut in dropped:
             if fut is not None and not fut.done():
                 fut.set_exception(type(err)(str(err)))
+        self._sink.unpin()  # every add is settled: nothing left that needs the handle
         room = self._sink.room
         if room is not None and not room.done():
             room.set_result(None)

@@ -499,6 +499,7 @@ cdef class AckSink:
     cdef object on_response
     cdef object on_progress
     cdef object owner
+    cdef object pinned        # the owner itself while it has adds outstanding (see _pin)
     cdef object core
     cdef LacQueue lacs
     cdef public object room
@@ -518,6 +519,7 @@ cdef class AckSink:
         self.on_response = on_response
         self.on_progress = on_progress
         self.owner = owner
+        self.pinned = None
         self.core = core
         self.lacs = lacs
         self.room = None
@@ -533,8 +535,35 @@ cdef class AckSink:
             self.lacs.acked += n
         return n
 
+    cdef inline void _pin(self) noexcept:
+        """Hold the owner strongly while it has adds outstanding: an application may drop a
+        handle and still await its adds, and an error or timeout for one of them needs the
+        handle (a bookie replaced, the entry re-sent, or the add failed); through the weak
+        reference alone those adds never resolved. Dropped when none is outstanding (_settled),
+        so an idle handle is again no reference cycle."""
+        if self.pinned is None and self.owner is not None:
+            self.pinned = <object>PyWeakref_GetObject(self.owner)
+
+    cdef inline void _settled(self) noexcept:
+        if self.pinned is not None and self.tracker._count == 0:
+            self.pinned = None
+
+    def pin(self) -> None:
+        """_pin, for adds sent outside AddTracker.send_entries."""
+        self._pin()
+
+    def unpin(self) -> None:
+        """Let the owner go though adds are outstanding (its adds have all been failed)."""
+        self.pinned = None
+
+    @property
+    def pinned_owner(self):
+        """The owner while pinned, else None (tests)."""
+        return self.pinned
+
     cdef int _progress(self) except -1:
         """Entries became acknowledged."""
+        self._settled()
         room = self.room
         if room is not None:
             self.room = None
@@ -555,9 +584,12 @@ cdef class AckSink:
         if self.owner is None:
             return self.on_response(ctx, resp, err)
         owner = <object>PyWeakref_GetObject(self.owner)
-        if owner is not None:  # else the handle is gone: nobody is left to tell
+        if owner is None:  # gone with nothing outstanding (else _pin holds it): nobody to tell
+            return None
+        try:
             return self.on_response(owner, ctx, resp, err)
-        return None
+        finally:
+            self._settled()
 
 
 # -- explicit LAC -------------------------------------------------------------------
@@ -833,6 +865,8 @@ cdef class AddTracker:
         cdef double now = self._now()  # once per batch: its requests and entries are sent in this call
         if len(pipes) != self.e:
             raise ValueError(f"{len(pipes)} pipes for a ledger of ensemble size {self.e}")
+        if n and isinstance(sink, AckSink):
+            (<AckSink>sink)._pin()
         self.lac_told = piggyback_lac
         for i in range(n):
             data = <bytes?>datas[i]
