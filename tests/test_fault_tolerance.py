@@ -552,7 +552,7 @@ def test_create_ledger_rides_through_lost_zookeeper_replies(cluster) -> None:
 
     async def main() -> None:
         async with await BookKeeper.connect(cluster.metadata_uri, placement="random") as bk:
-            real_alloc, real_create = bk.store.allocate_ledger_id, bk.store.create_ledger
+            real_alloc, real_create = bk.store.allocate_ledger_id, bk.store.create_ledger_async
             calls = {"alloc": 0, "create": 0}
 
             def alloc() -> int:
@@ -562,13 +562,18 @@ def test_create_ledger_rides_through_lost_zookeeper_replies(cluster) -> None:
                     raise ConnectionLoss()
                 return lid
 
+            class ReplyLost:  # the store's Pending: the create is applied, its answer lost
+                def __init__(self, sent) -> None:  # noqa: ANN001
+                    self.sent = sent
+
+                def then(self, done):  # noqa: ANN001, ANN202
+                    self.sent.then(lambda _value, _error: done(None, ConnectionLoss()))
+
             def create(md):  # noqa: ANN001, ANN202
                 calls["create"] += 1
-                out = real_create(md)
-                if calls["create"] == 1:
-                    raise ConnectionLoss()
-                return out
-            bk.store.allocate_ledger_id, bk.store.create_ledger = alloc, create
+                sent = real_create(md)
+                return ReplyLost(sent) if calls["create"] == 1 else sent
+            bk.store.allocate_ledger_id, bk.store.create_ledger_async = alloc, create
             lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"p")
             assert calls == {"alloc": 2, "create": 2}
             assert await lh.add_entry(b"x") == 0

@@ -194,12 +194,15 @@ def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_c
         async with await BookKeeper.connect(cluster.metadata_uri, max_pending_creates=1,
                                             metadata_timeout_s=0.3) as bk:
             release = threading.Event()
-            real = bk.store.create_ledger
+            real = bk.store.create_ledger_async
 
-            def stalled(md: LedgerMetadata) -> LedgerMetadata:
-                release.wait(30)
-                return real(md)
-            bk.store.create_ledger = stalled
+            class Stalled:  # the store's Pending, sent only once released: a metadata write that hangs
+                def __init__(self, md: LedgerMetadata) -> None:
+                    self.md = md
+
+                def then(self, done):  # noqa: ANN001, ANN202
+                    threading.Thread(target=lambda: release.wait(30) and real(self.md).then(done), daemon=True).start()
+            bk.store.create_ledger_async = Stalled
             first = asyncio.ensure_future(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
             while not bk._creates.locked():  # the first create holds the one slot
                 await asyncio.sleep(0.01)
@@ -207,7 +210,7 @@ def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_c
                 await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
             release.set()
             lh = await first
-            bk.store.create_ledger = real
+            bk.store.create_ledger_async = real
             second = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
             assert second.ledger_id != lh.ledger_id
     asyncio.run(main())

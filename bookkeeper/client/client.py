@@ -14,8 +14,8 @@ import json
 import logging
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar, cast
 
 from kazoo.exceptions import KazooException, ZookeeperError
 
@@ -44,10 +44,20 @@ from bookkeeper.errors import (
 from bookkeeper.meta.ledger_metadata import DigestType, LedgerMetadata, check_password, password_digest
 from bookkeeper.proto import NO_KEY, Op
 from bookkeeper.security.authz import ALL_ROLES, ANONYMOUS
-from bookkeeper.meta.zk import ZkMetadataStore
+from bookkeeper.meta.zk import Pending, ZkMetadataStore
 from bookkeeper.meta.zk_security import zk_security_from
 
 T = TypeVar("T")
+
+
+def _settle(fut: asyncio.Future[T], value: T | None, error: BaseException | None) -> None:
+    """A metadata request's answer into its future (on the loop), unless the caller gave up."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(cast(T, value))
 log = logging.getLogger(__name__)
 PASSWORD_CACHE = 256  # passwords whose digest (or check) a client remembers
 CREATE_ATTEMPTS = 5  # a create's ZooKeeper calls, tried through ~1.5 s of trouble (backoff from 0.05 s)
@@ -135,6 +145,24 @@ class BookKeeper:
         reach ZooKeeper through it, so every such call is off the loop and mapped the same way."""
         try:
             return await self._loop.run_in_executor(None, functools.partial(fn, *args))
+        except (KazooException, ZookeeperError) as e:
+            raise MetadataServiceError(f"ZooKeeper: {type(e).__name__} {e}") from e
+
+    async def metadata_request(self, make: Callable[..., Pending[T]], *args: Any) -> T:
+        """A ledger's metadata request (one of the store's `*_async`: create, read, write, watch,
+        delete), sent from the loop through kazoo's async API and awaited without a thread;
+        ZooKeeper trouble becomes a retriable MetadataServiceError, as in metadata_call. Over
+        the simulator's ZooKeeper (store.pipelined False) it is a metadata_call of its result."""
+        if not self.store.pipelined:
+            return await self.metadata_call(lambda: make(*args).result())
+        loop = self._loop
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def done(value: T | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, fut, value, error)
+        try:
+            make(*args).then(done)
+            return await fut
         except (KazooException, ZookeeperError) as e:
             raise MetadataServiceError(f"ZooKeeper: {type(e).__name__} {e}") from e
 
@@ -259,18 +287,18 @@ class BookKeeper:
     # -- metadata (the ledger handles' context: bookkeeper/client/context.py) ----------
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         """The ledger's metadata as ZooKeeper has it now."""
-        return await self.metadata_call(self.store.read_ledger, ledger_id)
+        return await self.metadata_request(self.store.read_ledger_async, ledger_id)
 
     async def write_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
         """Compare-and-set md over the version it was read at (MetadataVersionError if another
         writer changed it since): the new version. For handles, recovery and auto-recovery;
         an application changes metadata only through them."""
-        return await self.metadata_call(self.store.write_ledger, md)
+        return await self.metadata_request(self.store.write_ledger_async, md)
 
     async def watch_metadata(self, ledger_id: int, fired: Callable[[Any], None]) -> int | None:
         """A one-shot watch on the ledger's metadata (fired runs on kazoo's thread): its
         version now, None if it is gone."""
-        version: int | None = await self.metadata_call(self.store.watch_ledger, ledger_id, fired)
+        version: int | None = await self.metadata_request(self.store.watch_ledger_async, ledger_id, fired)
         return version
 
     # -- ledgers -------------------------------------------------------------
@@ -300,7 +328,8 @@ class BookKeeper:
             # block. A lost reply skips ids (the block was reserved): never reused, so retried as is.
             ledger_id = self.store.take_ledger_id()
             if ledger_id is None:
-                ledger_id = await self._retried(self.store.allocate_ledger_id)
+                ledger_id = await self._retried("allocate_ledger_id", functools.partial(
+                    self.metadata_call, self.store.allocate_ledger_id))
             md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble, write_quorum=write_quorum,
                                 ack_quorum=ack_quorum, digest=DigestType(digest),
                                 password_digest=await self._password_digest(password), ensembles={0: chosen},
@@ -350,19 +379,19 @@ class BookKeeper:
         result: T = await asyncio.shield(fut)
         return result
 
-    async def _retried(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _retried(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """A metadata call tried again through ZooKeeper's transient trouble (a lost connection,
         a lost reply: MetadataServiceError), CREATE_ATTEMPTS times with backoff; for calls
         that are safe to repeat."""
         delay = 0.05
         for _ in range(CREATE_ATTEMPTS - 1):
             try:
-                return await self.metadata_call(fn, *args)
+                return await attempt()
             except MetadataServiceError as e:
-                log.info("metadata call %s failed (%s): trying again in %.2f s", fn.__name__, e, delay)
+                log.info("metadata call %s failed (%s): trying again in %.2f s", what, e, delay)
                 await asyncio.sleep(delay)
                 delay *= 2
-        return await self.metadata_call(fn, *args)
+        return await attempt()
 
     async def _create_metadata(self, md: LedgerMetadata) -> LedgerMetadata:
         """The new ledger's metadata stored, tried again through ZooKeeper's transient trouble.
@@ -372,14 +401,15 @@ class BookKeeper:
         ensemble are (the id was handed out once, to this create: the check guards against a
         layout-1 client of another version colliding), and the create is done. Before, the
         first lost reply failed create_ledger (the simulator's writers, at 5 % loss)."""
+        create = functools.partial(self.metadata_request, self.store.create_ledger_async, md)
         try:
-            return await self.metadata_call(self.store.create_ledger, md)
+            return await create()
         except MetadataServiceError:
             pass  # not known whether it was applied
         try:
-            return await self._retried(self.store.create_ledger, md)
+            return await self._retried("create_ledger", create)
         except LedgerExistsError:
-            stored = await self._retried(self.store.read_ledger, md.ledger_id)
+            stored = await self._retried("read_ledger", functools.partial(self.ledger_metadata, md.ledger_id))
             if stored.password_digest != md.password_digest or stored.ensembles != md.ensembles:
                 raise
             return md.replace(creator=stored.creator, version=stored.version)
@@ -421,7 +451,7 @@ class BookKeeper:
             if principal != md.creator and "admin" not in roles:
                 raise AuthorizationError(f"principal {principal!r} lacks role 'admin': ledger {ledger_id} "
                                          f"was created by {md.creator!r}")
-        await self.metadata_call(self.store.delete_ledger, ledger_id)
+        await self.metadata_request(self.store.delete_ledger_async, ledger_id)
 
     async def whoami(self, bookies: list[str] | None = None, *, fresh: bool = False) -> tuple[str, frozenset[str]]:
         """This client's principal and roles as the bookies see them (WHOAMI, through the

@@ -308,6 +308,16 @@ class SimKazooClient:
     def delete_async(self, path: str, version: int = -1) -> _Done:
         return _Done(lambda: self.delete(path, version))
 
+    def create_async(self, path: str, value: bytes = b"", acl: Any = None, ephemeral: bool = False,
+                     sequence: bool = False, makepath: bool = False) -> _Done:
+        return _Done(lambda: self.create(path, value, acl, ephemeral, sequence, makepath))
+
+    def exists_async(self, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> _Done:
+        return _Done(lambda: self.exists(path, watch))
+
+    def set_async(self, path: str, value: bytes, version: int = -1) -> _Done:
+        return _Done(lambda: self.set(path, value, version))
+
     def transaction(self) -> SimTransaction:
         return SimTransaction(self)
 
@@ -341,7 +351,8 @@ class SimKazooClient:
 
 
 class _Done:
-    """kazoo's IAsyncResult for a call made at once: get() returns or raises its outcome."""
+    """kazoo's IAsyncResult for a call made at once: get() returns or raises its outcome (read
+    by the store's Pending.result(): ZkMetadataStore.pipelined is False over this client)."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         try:
