@@ -22,9 +22,11 @@ reports its rate and the CPU each process spent per operation:
   6 close the N; recovery-open a separate set of min(N, RECOVERY_SET_MAX) ledgers whose writer
              is gone (its client closed without closing them: what recovery is for); open the N
              closed ones without recovery                         ops/s each
-  7 delete   every ledger of the run while LOAD_LEDGERS other     deletes/s; add p99 during the
-             ledgers are written at ADD_WINDOW; then GC forced    deletes and GC against the
-             until the bookies hold none of them                  same load just before
+  7 delete   the recovered set and phase 5's ledgers, alone      deletes/s
+    delete under load: the N (and the phase 2 primer) while      deletes/s; add p99 during the
+             LOAD_LEDGERS other ledgers are written at            deletes and GC against the
+             ADD_WINDOW; then GC forced until the bookies hold    same load just before; the
+             none of them                                         shards' largest loop lag
 Phase 7 ends with every shard empty (the load ledgers deleted and collected too), so the next
 N starts on clean bookies; a warm-up before the first N runs every path once.
 
@@ -439,7 +441,8 @@ class Phases:
         write_lat, write_rate = await self.write(handles)
         made = await self.write_while_creating(handles, write_rate)
         orphans = await self.close_and_open(handles)
-        await self.delete_under_load([lh.ledger_id for lh in [*handles, *made]] + orphans + [primer], write_lat)
+        await self.timed("delete", orphans + [lh.ledger_id for lh in made], self.bk.delete_ledger)
+        await self.delete_under_load([lh.ledger_id for lh in handles] + [primer], write_lat)
 
     def _row(self, phase: str, ops: int, seconds: float, lat: Latencies, fig: dict[str, Any], adds: int = 0,
              **extra: Any) -> None:

@@ -29,6 +29,7 @@ import uvloop
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper.bookie import control
 from bookkeeper.bookie.gc import GarbageCollector, GcSettings
+from bookkeeper.bookie.metrics import LoopLag
 from bookkeeper.bookie.journal import Journal, make_syncer
 from bookkeeper.bookie.journal.journal import Record, journal_pool_bytes, pool_files
 from bookkeeper.bookie.journal.syncer import AckBeforeSyncSyncer, Syncer
@@ -278,7 +279,10 @@ class Shard:
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect)),
                     self.loop.create_task(self._every(self.cfg.disk_check_interval_s, self._check_disks)),
                     self.loop.create_task(self._every(self.cfg.tls_reload_interval_s, self._reload_trust))]
+        lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"])
+        lag.start()
         await self._stopping.wait()
+        lag.stop()
         srv.close()
         ctl.close()
         for conn in list(self.server.connections):
