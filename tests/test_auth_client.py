@@ -277,6 +277,35 @@ def test_only_the_creator_or_an_admin_deletes_a_ledger(token_cluster: LocalClust
 
 
 @pytest.mark.cluster
+def test_an_admins_delete_reads_no_metadata(token_cluster: LocalCluster) -> None:
+    """An admin (its roles as the bookies last said, within ROLES_FRESH_S) deletes anyone's
+    ledger with the delete alone; a principal without `admin` reads the metadata first to
+    find the creator, as before. Counted at the store's metadata read."""
+    uri = token_cluster.metadata_uri
+
+    async def main() -> None:
+        async with await BookKeeper.connect(uri, **token_cluster.client_trust("writer")) as w, \
+                await BookKeeper.connect(uri, **token_cluster.client_trust("ops")) as ops:
+            theirs = [await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2) for _ in range(3)]
+            mine = await w.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            reads: dict[str, int] = {"ops": 0, "writer": 0}
+            for name, bk in (("ops", ops), ("writer", w)):
+                real = bk.store.read_ledger_async
+
+                def counted(lid: int, name: str = name, real=real):  # noqa: ANN001, ANN202
+                    reads[name] += 1
+                    return real(lid)
+                bk.store.read_ledger_async = counted
+            for lh in theirs:
+                await ops.delete_ledger(lh.ledger_id)
+            await w.delete_ledger(mine.ledger_id)
+            assert reads == {"ops": 0, "writer": 1}
+            for lid in [lh.ledger_id for lh in theirs] + [mine.ledger_id]:
+                assert not await asyncio.get_running_loop().run_in_executor(None, w.store.ledger_exists, lid)
+    run(main())
+
+
+@pytest.mark.cluster
 def test_recover_and_decommission_need_the_admin_role(token_cluster: LocalCluster) -> None:
     """Refused before anything is written (no decommissioning marker), naming principal and role."""
     from bookkeeper.autorecovery.operations import decommission_bookie, recover_bookie
