@@ -124,15 +124,15 @@ def test_closed_loop_ends_with_the_error_of_a_sender_that_raises() -> None:
             uvloop.run(asyncio.wait_for(closed_loop([Sender(fail_after)], b"x", 30.0, 4, histogram()), 10))
 
 
-LEDGERS_PHASES = ["create", "first add", "write", "write + creates", "close", "recovery open", "open",
+LEDGERS_PHASES = ["create", "first add", "write", "write + creates", "close", "recovery open", "open", "delete",
                   "delete under load"]
 
 
 def test_bench_ledgers_reports_every_phase_at_each_count(tmp_path: Path) -> None:
     """`bench ledgers` at two small counts: a row per phase and count with a rate and the CPU
     each process spent per op, the per-count figures (memory, znodes, idle CPU, the idle GC
-    pass) and the --metadata figures. A figure not measured (the bookies do not export it yet,
-    or RSS per ledger below 1,000 ledgers) is null, never missing; the rest are numbers, and
+    pass) and the --metadata figures. A figure not measured (RSS per ledger below 1,000
+    ledgers) is null, never missing; the rest are numbers, and
     the rates and per-ledger costs positive ones."""
     doc = bench("ledgers", "--ledgers", "10,50", "--seconds", "1", "--metadata", "1000", tmp=tmp_path)
     assert doc["bench"] == "ledgers"
@@ -148,7 +148,10 @@ def test_bench_ledgers_reports_every_phase_at_each_count(tmp_path: Path) -> None
         assert rows[n, "write + creates"]["ratio_to_write"] > 0 and rows[n, "write + creates"]["creates_per_s"] > 0
         delete = rows[n, "delete under load"]
         assert delete["gc_passes"] >= 1 and all(v > 0 for v in delete["add_p99_ms"].values())
-        assert "loop_lag_max_s" in delete
+        assert delete["loop_lag_max_s"] > 0 and rows[n, "write"]["loop_lag_max_s"] > 0  # the shards export it
+        creating = rows[n, "write + creates"]
+        assert creating["slices"] == 6 and creating["adds_per_s_without"] > 0
+        assert creating["ratio_to_write"] == pytest.approx(creating["ops_per_s"] / creating["adds_per_s_without"], rel=0.01)
         s = doc["per_ledgers"][str(n)]
         assert s["zk_znodes_per_ledger"] >= 1 and s["zk_bytes_per_ledger"] > 0 and s["ledgers_stored"] == 2 * n
         assert s["client_rss_bytes_per_handle"] is None and s["bookie_rss_bytes_per_stored_ledger"] is None  # N < 1000
