@@ -7,6 +7,8 @@ BookieStateManager, GarbageCollectorThread (minor / major compaction); docs/oper
 """
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from bookkeeper.bookie.gc import DeletedLedgerFinder, FinderStats, compaction_plan
@@ -166,8 +168,8 @@ def _held(lids: list[int], seen: dict[int, int]) -> dict[int, HeldBucket]:
     held: dict[int, HeldBucket] = {}
     for lid in lids:
         serial = seen.setdefault(lid, len(seen) + 1)
-        bucket = held.setdefault(lid // 10_000, HeldBucket(set(), 0))
-        bucket.suffixes.add(lid % 10_000)
+        bucket = held.setdefault(lid // 10_000, HeldBucket(array("H"), 0))
+        bucket.add(lid % 10_000)
         bucket.created = max(bucket.created, serial)
     return held
 

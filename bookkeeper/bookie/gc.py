@@ -79,7 +79,7 @@ class DeletedLedgerFinder:
     def find(self, held: Mapping[int, HeldBucket], stats: FinderStats) -> list[int]:
         """The held ledgers whose metadata is gone, each absence confirmed after a sync (module
         doc). `held`: the storage's buckets, read from this worker thread while the loop adds
-        to them (a copy of a dict or set of ints is one step under the GIL)."""
+        to them (a copy of a dict or of an array of ints is one step under the GIL)."""
         gone: list[int] = []
         compared: dict[int, tuple[int, int]] = {}
         paths = set()
@@ -92,7 +92,7 @@ class DeletedLedgerFinder:
             if listed is not None and (self._buckets[path][0], serial) == self._compared.get(bucket):
                 compared[bucket] = self._compared[bucket]
                 continue
-            suffixes = ledgers.suffixes.copy()  # after the serial: a ledger made between is compared again next cycle
+            suffixes = set(ledgers.suffixes)  # after the serial: a ledger made between is compared again next cycle
             stats.ledgers_touched += len(suffixes)
             missing = suffixes.difference(listed) if listed is not None else suffixes
             if missing:

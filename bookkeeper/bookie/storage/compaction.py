@@ -181,7 +181,7 @@ class Compactor:
                 per[lid] = per.get(lid, 0) + nbytes
             infos = {}
             for target, per in gained.items():
-                base = st.logs.get(target) or LogInfo(st._paths[target], 0, {})
+                base = st.logs.get(target) or LogInfo(st._paths[target], 0)
                 end = st._log_pos if target == st._log_id else os.stat(base.path).st_size
                 infos[target] = base.plus(per, max(base.size, end))
                 txn.put(_LOG_KEY.pack(target), infos[target].encode(), db=st.db_logs)

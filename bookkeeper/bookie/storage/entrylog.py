@@ -7,8 +7,9 @@ Log record (LMDB `logs` db, key u32 log id): u64 committed size | (u64 ledger, u
 """
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,9 @@ _REC_HEAD = struct.Struct(">IQq")
 
 @dataclass(frozen=True, slots=True)
 class LogInfo:
-    """One entry log's committed size and bytes per ledger (records included).
+    """One entry log's committed size and bytes per ledger (records included), the latter
+    as its LMDB record holds them: (u64 ledger, u64 bytes) pairs, 16 bytes a ledger (a dict
+    of ints was ~85 bytes a ledger, most of what a stored ledger cost a shard after its state).
 
     Immutable: writers (flush, compaction, under the flush lock) replace a log's info, so
     the loop thread reads a consistent one without a lock.
@@ -31,22 +34,38 @@ class LogInfo:
 
     path: Path
     size: int
-    ledgers: dict[int, int] = field(default_factory=dict)
+    pairs: bytes = b""
+
+    @staticmethod
+    def of(path: Path, size: int, ledgers: dict[int, int]) -> LogInfo:
+        return LogInfo(path, size, _pack_pairs(ledgers))
+
+    @property
+    def ledgers(self) -> dict[int, int]:
+        """Bytes per ledger."""
+        return dict(_LOG_PAIR.iter_unpack(self.pairs))
+
+    def live_bytes(self, held: Container[int]) -> int:
+        """The bytes of the ledgers in `held`."""
+        return sum(n for lid, n in _LOG_PAIR.iter_unpack(self.pairs) if lid in held)
 
     def encode(self) -> bytes:
-        return _LOG_SIZE.pack(self.size) + b"".join(_LOG_PAIR.pack(l, n) for l, n in self.ledgers.items())
+        return _LOG_SIZE.pack(self.size) + self.pairs
 
     @staticmethod
     def decode(path: Path, raw: bytes) -> LogInfo:
         size = _LOG_SIZE.unpack_from(raw)[0]
-        pairs = _LOG_PAIR.iter_unpack(memoryview(raw)[_LOG_SIZE.size:])
-        return LogInfo(path, size, dict(pairs))
+        return LogInfo(path, size, bytes(memoryview(raw)[_LOG_SIZE.size:]))
 
     def plus(self, added: dict[int, int], size: int) -> LogInfo:
-        merged = dict(self.ledgers)
+        merged = self.ledgers
         for lid, n in added.items():
             merged[lid] = merged.get(lid, 0) + n
-        return LogInfo(self.path, size, merged)
+        return LogInfo(self.path, size, _pack_pairs(merged))
+
+
+def _pack_pairs(ledgers: dict[int, int]) -> bytes:
+    return struct.pack(f">{2 * len(ledgers)}Q", *itertools.chain.from_iterable(ledgers.items()))
 
 
 def read_records(path: Path, limit: int, *, chunk_bytes: int = 1 << 20) -> Iterable[tuple[int, int, int, bytes]]:

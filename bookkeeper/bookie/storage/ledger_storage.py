@@ -21,7 +21,15 @@ What a checkpoint costs is what changed (issue 26): the states it writes are tho
 ledgers created, handed out (`ledger()`: the server fences them, raises their LAC) or with
 entries in the write cache since the last one (an add raises lac and last_entry, in
 put_entry or in the C add path, which tells nobody), each compared with what LMDB holds;
-not a walk of every ledger held. `Snapshot.examined` says how many it compared.
+not a walk of every ledger held. `Snapshot.examined` says how many it compared. What LMDB
+holds of a ledger is remembered on its LedgerState (`mark_saved`, set when a checkpoint that
+wrote it is done), so a ledger deleted and made again is written whatever its deleted
+incarnation's row held.
+
+What a stored ledger costs in memory (issue 26; tests/test_gc_scale.py measures ~167 B):
+its LedgerState (64 B, not tracked by the cyclic GC), its entry in `ledgers` and its id,
+2 bytes in its bucket's sorted suffixes (HeldBucket), 16 bytes per entry log holding some
+of it (LogInfo's packed pairs); master keys are shared among ledgers of one password.
 
 Deleting a ledger (delete_ledger, for GC) costs the ledger alone: its state goes at once;
 its entries still in the write cache stay there, counted in write_cache_bytes (they hold
@@ -55,6 +63,8 @@ import logging
 import os
 import struct
 import threading
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -81,6 +91,7 @@ ENTRY_OVERHEAD_BYTES = 170
 _FLUSH_CHUNK_BYTES = 8 << 20  # entry-log bytes laid out per encode_batch: bounds the checkpoint's extra memory
 LOG_MAX_BYTES = 1 << 30
 _LOGS_FORMAT = b"logs_format"  # meta key: the per-log records exist (set once, by creation or migration)
+MASTER_KEYS_SHARED = 4096  # distinct master keys a shard keeps one copy of (LedgerStorage._shared_key)
 SWEEP_KEYS_PER_TXN = 10_000  # index keys of deleted ledgers deleted per LMDB transaction (~1 MiB of dirty pages)
 
 
@@ -97,17 +108,30 @@ class Snapshot:
     deletes: set[int]
     dropped: set[int] = field(default_factory=set)
     examined: int = 0
+    live: dict[int, "LedgerState"] = field(default_factory=dict)  # the state objects `states` copied
 
 
 @dataclass(slots=True)
 class HeldBucket:
     """The ledgers a shard holds in one metadata bucket (ids with one `lid // BUCKET_SPAN`:
-    their znodes share a parent, meta/zk.py), as 4-digit suffixes (`lid % BUCKET_SPAN`).
-    `created` is the storage's serial of the last ledger made in it (serials never repeat), so
-    a GC pass knows whether the bucket gained a ledger since it last compared it."""
+    their znodes share a parent, meta/zk.py), as 4-digit suffixes (`lid % BUCKET_SPAN`),
+    sorted, 2 bytes each (a set of ints cost ~85 bytes a ledger). `created` is the storage's
+    serial of the last ledger made in it (serials never repeat), so a GC pass knows whether
+    the bucket gained a ledger since it last compared it."""
 
-    suffixes: set[int]
+    suffixes: array[int]
     created: int
+
+    def add(self, suffix: int) -> None:
+        """Ids come mostly in order: an append, else a move of at most 20 KB."""
+        at = bisect_left(self.suffixes, suffix)
+        if at == len(self.suffixes) or self.suffixes[at] != suffix:
+            self.suffixes.insert(at, suffix)
+
+    def discard(self, suffix: int) -> None:
+        at = bisect_left(self.suffixes, suffix)
+        if at < len(self.suffixes) and self.suffixes[at] == suffix:
+            del self.suffixes[at]
 
 
 class LedgerStorage:
@@ -146,14 +170,15 @@ class LedgerStorage:
         self._created = 0  # the serial of the last ledger made or loaded
         self._flush_lock = threading.Lock()  # one writer of the current log and of LMDB at a time
         self._readers: dict[int, int] = {}
-        # What LMDB holds of each ledger's state: a checkpoint writes only states that differ.
-        self._persisted: dict[int, tuple[bytes, bool, int, int]] = {}
+        # One bytes object per distinct master key (ledgers of one password share it), up to
+        # MASTER_KEYS_SHARED of them: 53 bytes a ledger otherwise, each key arriving anew.
+        self._keys: dict[bytes, bytes] = {}
         with self.env.begin(db=self.db_ledgers) as txn:
             for k, v in txn.cursor():
                 key, fenced, lac, last = _LEDGER_VAL.unpack(v)
                 lid = _LEDGER_KEY.unpack(k)[0]
-                self.ledgers[lid] = LedgerState(key, bool(fenced), lac, last)
-                self._persisted[lid] = (key, bool(fenced), lac, last)
+                st = self.ledgers[lid] = LedgerState(self._shared_key(key), bool(fenced), lac, last)
+                st.mark_saved(bool(fenced), lac, last)  # what LMDB holds: a checkpoint writes only changes
                 self._hold(lid)
         with self.env.begin(db=self.db_tombstones) as txn:
             made = sorted((struct.unpack(">d", v)[0], _LEDGER_KEY.unpack(k)[0]) for k, v in txn.cursor())
@@ -211,7 +236,7 @@ class LedgerStorage:
             for log_id, per in sizes.items():
                 path = files.get(log_id, self.log_dirs[0] / f"{log_id:08d}.log")
                 size = path.stat().st_size if path.exists() else 0
-                txn.put(_LOG_KEY.pack(log_id), LogInfo(path, size, per).encode(), db=self.db_logs)
+                txn.put(_LOG_KEY.pack(log_id), LogInfo.of(path, size, per).encode(), db=self.db_logs)
             txn.put(_LOGS_FORMAT, b"1", db=self.db_meta)
         if sizes:
             log.info("built records of %d entry log(s) from the index (one-time migration)", len(sizes))
@@ -280,8 +305,7 @@ class LedgerStorage:
         ledgers = self.ledgers
         out = {}
         for log_id, info in list(self.logs.items()):
-            live = sum(n for lid, n in info.ledgers.items() if lid in ledgers)
-            out[log_id] = (str(info.path), info.size, live)
+            out[log_id] = (str(info.path), info.size, info.live_bytes(ledgers))
         return out
 
     # -- ledger state --------------------------------------------------------
@@ -293,10 +317,18 @@ class LedgerStorage:
             self._dirty.add(ledger_id)
         return st
 
+    def _shared_key(self, master_key: bytes) -> bytes:
+        shared = self._keys.get(master_key)
+        if shared is None:
+            if len(self._keys) >= MASTER_KEYS_SHARED:
+                return master_key
+            shared = self._keys[master_key] = master_key
+        return shared
+
     def create_ledger(self, ledger_id: int, master_key: bytes) -> LedgerState:
         if ledger_id in self._dropped:
             self._purge_cached(ledger_id)
-        st = LedgerState(master_key)
+        st = LedgerState(self._shared_key(master_key))
         self.ledgers[ledger_id] = st
         self._dirty.add(ledger_id)
         self._hold(ledger_id)
@@ -307,15 +339,15 @@ class LedgerStorage:
         self._created += 1
         held = self.buckets.get(bucket)
         if held is None:
-            self.buckets[bucket] = HeldBucket({suffix}, self._created)
+            self.buckets[bucket] = HeldBucket(array("H", (suffix,)), self._created)
         else:
-            held.suffixes.add(suffix)
+            held.add(suffix)
             held.created = self._created
 
     def _release(self, ledger_id: int) -> None:
         bucket, suffix = divmod(ledger_id, BUCKET_SPAN)
         held = self.buckets[bucket]
-        held.suffixes.discard(suffix)
+        held.discard(suffix)
         if not held.suffixes:
             del self.buckets[bucket]
 
@@ -375,17 +407,15 @@ class LedgerStorage:
         """Swap out the write cache for flushing (loop thread); reads still see it. The states
         taken are those of the ledgers that may have changed (module doc): one look at each
         cached entry's key and one comparison per such ledger, whatever the ledgers held."""
-        cache, candidates, ledgers, persisted = self.write_cache, self._dirty, self.ledgers, self._persisted
+        cache, candidates, ledgers = self.write_cache, self._dirty, self.ledgers
         candidates.update(map(itemgetter(0), cache))
-        changed = {}
+        changed, live = {}, {}
         for lid in candidates:
             st = ledgers.get(lid)
-            if st is None:
-                continue
-            now = (st.master_key, st.fenced, st.lac, st.last_entry)
-            if persisted.get(lid) != now:
-                changed[lid] = LedgerState(*now)
-        snap = Snapshot(cache, changed, self._pending_deletes, self._dropped, len(candidates))
+            if st is not None and st.unsaved():
+                changed[lid] = LedgerState(st.master_key, st.fenced, st.lac, st.last_entry)
+                live[lid] = st
+        snap = Snapshot(cache, changed, self._pending_deletes, self._dropped, len(candidates), live)
         self._flushing = cache
         self.write_cache = {}
         self.write_cache_bytes = 0
@@ -477,17 +507,15 @@ class LedgerStorage:
     def _merge_written(self, written: dict[int, tuple[Path, dict[int, int], int]]) -> dict[int, LogInfo]:
         out = {}
         for log_id, (path, per, size) in written.items():
-            base = self.logs.get(log_id) or LogInfo(path, 0, {})
+            base = self.logs.get(log_id) or LogInfo(path, 0)
             out[log_id] = base.plus(per, size)
         return out
 
     def flush_done(self, snapshot: Snapshot) -> None:
         """Drop the flushed snapshot (loop thread): its entries are now in the index."""
         self._flushing = {}
-        for lid in snapshot.deletes:  # first, as in the transaction: a ledger made again keeps its new state
-            self._persisted.pop(lid, None)
-        for lid, st in snapshot.states.items():
-            self._persisted[lid] = (st.master_key, st.fenced, st.lac, st.last_entry)
+        for lid, st in snapshot.states.items():  # on the incarnation copied: one made again since is not marked
+            snapshot.live[lid].mark_saved(st.fenced, st.lac, st.last_entry)
 
     def flush_failed(self, snapshot: Snapshot) -> None:
         """Put a snapshot whose flush failed back (loop thread): its entries stay in memory and the

@@ -18,6 +18,7 @@ principal lacks the add's role), goes to the Python dispatch as the tuple parse_
 defines the behaviour on bad input, and this loop only takes the adds whose answer is OK.
 """
 
+cimport cython
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
@@ -54,21 +55,45 @@ cdef inline bint keys_equal(const char* a, const char* b, Py_ssize_t n) noexcept
     return diff == 0
 
 
+@cython.no_gc  # its one object field is bytes: it can be in no reference cycle, so the cyclic GC need not track it
 cdef class LedgerState:
     """What a shard knows of one ledger; made durable by the journal, then checkpoints.
     A C struct behind attributes, so the add loop reads and raises lac and last_entry
-    without attribute lookups."""
+    without attribute lookups.
 
-    cdef public bytes master_key
-    cdef public bint fenced
+    It also remembers what the index (LMDB) holds of it, as of the last checkpoint that wrote
+    it (`mark_saved`): a checkpoint writes a state only if `unsaved()`. Why here and not a
+    map beside it: a dict entry and a tuple per ledger were 124 of the ~450 bytes a stored
+    ledger cost a shard; and the mark belongs to this incarnation of the ledger, so one
+    deleted and made again is written whatever the deleted one's row held."""
+
     cdef public int64_t lac
     cdef public int64_t last_entry
+    cdef int64_t _saved_lac
+    cdef int64_t _saved_last
+    cdef public bytes master_key
+    cdef public bint fenced
+    cdef unsigned char _saved
+    cdef unsigned char _saved_fenced
 
     def __init__(self, bytes master_key not None, bint fenced=False, int64_t lac=-1, int64_t last_entry=-1):
         self.master_key = master_key
         self.fenced = fenced
         self.lac = lac
         self.last_entry = last_entry
+        self._saved = False
+
+    def mark_saved(self, bint fenced, int64_t lac, int64_t last_entry) -> None:
+        """The index now holds this ledger with these values (its key never changes)."""
+        self._saved = True
+        self._saved_fenced = fenced
+        self._saved_lac = lac
+        self._saved_last = last_entry
+
+    def unsaved(self) -> bool:
+        """Whether the index lacks this state as it is now."""
+        return (not self._saved or self._saved_fenced != self.fenced or self._saved_lac != self.lac
+                or self._saved_last != self.last_entry)
 
     def __repr__(self) -> str:
         # The master key opens the ledger's entries to whoever holds it: a repr lands in logs.
