@@ -127,9 +127,10 @@ def test_metrics_parse_and_move_under_load(cluster: LocalCluster, watched: tuple
 
 
 def test_a_stalled_shard_loop_shows_in_the_loop_lag_histogram(watched: tuple[LocalBookie, int]) -> None:
-    """bookkeeper_shard_loop_lag_seconds: a shard whose loop is held up 0.5 s (its process
+    """bookkeeper_shard_loop_lag_seconds: a shard whose loop is held up 1.5 s (its process
     stopped, as a long turn of its loop would hold it) records a lag above 0.25 s; the probe
-    runs on every shard (observations grow on both)."""
+    runs on every shard (observations grow on both). 1.5 s: an idle shard probes once a
+    second, and some probe falls due in every 1.25 s of the stop."""
     bookie, port = watched
 
     def over(samples: dict[str, dict[tuple, float]], shard: str, bound: str = "0.25") -> float:
@@ -140,7 +141,7 @@ def test_a_stalled_shard_loop_shows_in_the_loop_lag_histogram(watched: tuple[Loc
     pid = bookie.shard_pid(0)
     os.kill(pid, signal.SIGSTOP)
     try:
-        time.sleep(0.5)
+        time.sleep(1.5)
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_until("shard 0's stall counted above 0.25 s", lambda: over(scrape(port), "0") > over(before, "0"),

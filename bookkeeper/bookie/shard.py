@@ -279,7 +279,9 @@ class Shard:
                     self.loop.create_task(self._every(self.cfg.gc_interval_s, self.garbage_collect)),
                     self.loop.create_task(self._every(self.cfg.disk_check_interval_s, self._check_disks)),
                     self.loop.create_task(self._every(self.cfg.tls_reload_interval_s, self._reload_trust))]
-        lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"])
+        counters = self.server.counters
+        lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"],
+                      lambda: sum(n for op, n in counters.items() if isinstance(op, int)))  # requests, per op
         lag.start()
         await self._stopping.wait()
         lag.stop()
