@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -94,7 +95,7 @@ R = TypeVar("R")
 OPS_IN_FLIGHT = 64
 ADD_WINDOW = 1000  # adds in flight in the write phases (round-robin over the handles)
 CREATES_PER_S = 20.0  # phase 5: the background create rate whose cost to the writes is measured
-CREATE_PAIRS = 3  # phase 5: slices without and with creates, alternated
+CREATE_PAIRS = 4  # phase 5: slices without and with creates, in ABBA order
 RECOVERY_SET_MAX = 1000  # phase 6: ledgers left open by a gone writer, recovered (a separate set)
 LOAD_LEDGERS = 10  # phase 7: the ledgers written while the others are deleted
 IDLE_MIN_S, IDLE_MAX_S = 1.0, 10.0  # phase 3 lasts --seconds / 4 within these
@@ -551,9 +552,9 @@ class Phases:
 
     async def write_while_creating(self, handles: list[WriteHandle], write_rate: float) -> list[WriteHandle]:
         """5: phase 4's load in CREATE_PAIRS pairs of slices, one without creates and one while
-        CREATES_PER_S ledgers/s are created, alternated so that drift (a checkpoint, a burst
-        of another process, this machine's +-15 % between runs of one phase) falls on both
-        kinds; the ratio of their adds/s, each kind's slices summed, is the acceptance figure
+        CREATES_PER_S ledgers/s are created, in the order quiet, busy, busy, quiet, ... so that
+        drift (a checkpoint, a burst of another process, this machine's +-15 % between runs of
+        one phase), linear drift exactly, falls on both kinds alike; the ratio of their adds/s, each kind's slices summed, is the acceptance figure
         (`ratio_to_write`). The row's rate, latency and per-add figures are those of the
         slices with creates. Returns the ledgers made (closed). write_rate (phase 4's) is
         reported beside it: a ratio across phases, minutes apart, is what this design avoids."""
@@ -564,10 +565,12 @@ class Phases:
         totals = {"quiet": [0, 0.0], "busy": [0, 0.0]}
         create_s = 0.0
         fig: dict[str, Any] = {}
-        for _ in range(CREATE_PAIRS):
-            adds, dt, _fig = await self.load_for(handles, quiet, slice_s)
-            totals["quiet"][0] += adds
-            totals["quiet"][1] += dt
+        for kind in itertools.islice(itertools.cycle(("quiet", "busy", "busy", "quiet")), 2 * CREATE_PAIRS):
+            if kind == "quiet":
+                adds, dt, _fig = await self.load_for(handles, quiet, slice_s)
+                totals["quiet"][0] += adds
+                totals["quiet"][1] += dt
+                continue
             before = self.probe.snapshot()
             creating = asyncio.create_task(create_at_rate(self.bk, CREATES_PER_S, time.perf_counter() + slice_s))
             end = time.perf_counter() + slice_s
