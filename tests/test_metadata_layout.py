@@ -231,3 +231,45 @@ def test_an_upgrade_that_stopped_after_retiring_idgen_completes_when_run_again(z
         assert store.upgrade_layout()["layout"] == 2
     finally:
         store.close()
+
+
+def test_concurrent_metadata_writes_go_as_one_multi_op_and_fail_one_by_one(make_cluster) -> None:
+    """write_metadata calls made together are one ZooKeeper multi-op (counted at the store);
+    one whose version moved fails alone with MetadataVersionError and the rest are applied
+    (rolled back with it, then sent again); a lone write is a plain compare-and-set."""
+    import asyncio
+
+    from bookkeeper.client import BookKeeper
+    from bookkeeper.errors import MetadataVersionError
+
+    cluster = make_cluster(bookies=3, shards=1)
+
+    async def main() -> None:
+        async with await BookKeeper.connect(cluster.metadata_uri) as bk:
+            handles = [await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2) for _ in range(20)]
+            calls = {"multi": [], "single": 0}
+            multi, single = bk.store.write_ledgers_async, bk.store.write_ledger_async
+
+            def counted_multi(mds):  # noqa: ANN001, ANN202
+                calls["multi"].append(len(mds))
+                return multi(mds)
+
+            def counted_single(md):  # noqa: ANN001, ANN202
+                calls["single"] += 1
+                return single(md)
+            bk.store.write_ledgers_async, bk.store.write_ledger_async = counted_multi, counted_single
+            mds = [await bk.ledger_metadata(h.ledger_id) for h in handles]
+            stale = mds[7].replace(version=mds[7].version + 5)
+            wanted = [md.replace(custom_metadata={"k": b"v"}) for md in mds[:7]] + [stale] + \
+                     [md.replace(custom_metadata={"k": b"v"}) for md in mds[8:]]
+            got = await asyncio.gather(*(bk.write_metadata(md) for md in wanted), return_exceptions=True)
+            assert isinstance(got[7], MetadataVersionError)
+            for i, md in enumerate(got):
+                if i != 7:
+                    assert md.version == mds[i].version + 1, (i, md)
+                    stored = await bk.ledger_metadata(mds[i].ledger_id)
+                    assert stored.custom_metadata == {"k": b"v"} and stored.version == md.version
+            assert calls["multi"] == [20, 19] and calls["single"] == 0
+            assert (await bk.write_metadata(got[0].replace(custom_metadata={}))).version == got[0].version + 1
+            assert calls["single"] == 1
+    asyncio.run(main())

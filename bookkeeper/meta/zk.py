@@ -40,18 +40,20 @@ from typing import Any, Generic, TypeVar
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import (AuthFailedError, BadVersionError, KazooException, NoAuthError, NodeExistsError,
-                              NoNodeError, NotEmptyError, ZookeeperError)
+                              NoNodeError, NotEmptyError, RolledBackError, RuntimeInconsistency, ZookeeperError)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 from kazoo.security import ACL, Permissions, make_acl
 
 from bookkeeper.errors import (
+    BKError,
     ConfigError,
     InvalidArgumentError,
     LedgerExistsError,
     LedgerIdsExhaustedError,
     MetadataAuthError,
     MetadataLayoutError,
+    MetadataServiceError,
     MetadataVersionError,
     NoSuchLedgerError,
 )
@@ -767,6 +769,37 @@ class ZkMetadataStore:
                 raise NoSuchLedgerError(f"ledger {md.ledger_id} does not exist") from e
             return md.replace(version=stat.version)
         return Pending(finish, self.zk.set_async(path, self._stored(md), version=md.version))
+
+    def write_ledgers_async(self, mds: list[LedgerMetadata]) -> Pending[list[LedgerMetadata | BKError | None]]:
+        """Compare-and-set of several ledgers' metadata in one multi-op, which ZooKeeper applies
+        whole or not at all: per md, in order, its snapshot at the new version, or the error
+        that refused it (MetadataVersionError, NoSuchLedgerError, ...), or None where the
+        multi-op was rolled back for another md's error (not applied: send it again). Why:
+        kazoo spends ~130 us of the client's CPU per request and ~20 per op of a multi-op of
+        ten (BookKeeper.write_metadata sends concurrent writes this way)."""
+        txn = self.zk.transaction()
+        paths = [ledger_path(self.root, md.ledger_id) for md in mds]
+        for md, path in zip(mds, paths):
+            txn.set_data(path, self._stored(md), version=md.version)
+
+        def finish(committed: Any) -> list[LedgerMetadata | BKError | None]:
+            out: list[LedgerMetadata | BKError | None] = []
+            for md, path, result in zip(mds, paths, self._reply(committed, "write (in a multi-op)", paths[0])):
+                if isinstance(result, (RolledBackError, RuntimeInconsistency)):
+                    out.append(None)  # before / after the op that failed: not applied
+                elif isinstance(result, BadVersionError):
+                    out.append(MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version "
+                                                    f"{md.version}"))
+                elif isinstance(result, NoNodeError):
+                    out.append(NoSuchLedgerError(f"ledger {md.ledger_id} does not exist"))
+                elif isinstance(result, (NoAuthError, AuthFailedError)):
+                    out.append(metadata_auth_error(result, "write (in a multi-op)", path, self.security))
+                elif isinstance(result, Exception):
+                    out.append(MetadataServiceError(f"ZooKeeper: {type(result).__name__} {result}"))
+                else:
+                    out.append(md.replace(version=result.version))
+            return out
+        return Pending(finish, txn.commit_async())
 
     def delete_ledger(self, ledger_id: int) -> None:
         self.delete_ledger_async(ledger_id).result()
