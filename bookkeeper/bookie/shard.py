@@ -283,8 +283,10 @@ class Shard:
         lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"],
                       lambda: sum(n for op, n in counters.items() if isinstance(op, int)))  # requests, per op
         lag.start()
-        await self._stopping.wait()
-        lag.stop()
+        try:
+            await self._stopping.wait()
+        finally:
+            lag.stop()
         srv.close()
         ctl.close()
         for conn in list(self.server.connections):

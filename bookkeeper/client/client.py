@@ -14,7 +14,7 @@ import json
 import logging
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar, cast
 
 from kazoo.exceptions import KazooException, ZookeeperError
@@ -97,6 +97,7 @@ class BookKeeper:
         self._principal = ""  # who the bookies say this client is (whoami), once asked
         self._roles: frozenset[str] = frozenset()
         self._roles_at = float("-inf")  # when the bookies last said self._roles (clock)
+        self._asking_roles: asyncio.Task[None] | None = None
         # Registrations are re-read only after a ZooKeeper watch says they changed (set from
         # kazoo's thread: a plain attribute write), not on every create, open or ensemble change.
         self._bookies_dirty = True
@@ -140,6 +141,8 @@ class BookKeeper:
 
     async def close(self) -> None:
         self._closed = True  # the bookie watches drop themselves at their next event
+        if self._asking_roles is not None:
+            self._asking_roles.cancel()
         metrics.drop_client(self)
         self.pool.close()
         await self.metadata_call(self.store.close)
@@ -451,18 +454,37 @@ class BookKeeper:
         """Delete the ledger's metadata; bookies garbage-collect its entries.
 
         Only its creator, or a principal with the `admin` role, may: the bookies say who this
-        client is and its roles (WHOAMI, asked again at most every ROLES_FRESH_S), the metadata
-        who created the ledger. AuthorizationError otherwise. Ledgers created before creators
-        were recorded carry none and are not checked. An admin's delete reads no metadata
-        (every cluster without authorization makes every principal an admin): one round trip
-        to ZooKeeper, the delete with its bucket's stat."""
-        principal, roles = await self.whoami(fresh=self.clock() - self._roles_at >= ROLES_FRESH_S)
-        if "admin" not in roles:
+        client is (WHOAMI), the metadata who created the ledger. AuthorizationError otherwise.
+        Ledgers created before creators were recorded carry none and are not checked. A
+        client the bookies said within ROLES_FRESH_S is an admin reads no metadata: one round
+        trip to ZooKeeper, the delete with its bucket's stat (every principal is an admin of
+        a cluster without authorization)."""
+        if not self._admin_now():
             md = await self.ledger_metadata(ledger_id)
-            if md.creator and md.creator != principal:
-                raise AuthorizationError(f"principal {principal!r} lacks role 'admin': ledger {ledger_id} "
-                                         f"was created by {md.creator!r}")
+            if md.creator and md.creator != self._principal:  # its creator needs no role: no WHOAMI
+                principal, roles = await self.whoami(md.ensembles[min(md.ensembles)], fresh=True)
+                if principal != md.creator and "admin" not in roles:
+                    raise AuthorizationError(f"principal {principal!r} lacks role 'admin': ledger {ledger_id} "
+                                             f"was created by {md.creator!r}")
         await self.metadata_request(self.store.delete_ledger_async, ledger_id)
+
+    def _admin_now(self) -> bool:
+        """Whether the bookies said within ROLES_FRESH_S that this client has the admin role.
+        Once their word is older, a client that has asked before asks again in the background
+        (one WHOAMI at a time; a failure is only logged), so that later deletes know: no delete
+        waits for a WHOAMI it does not need (a cluster whose bookies are all read-only, where
+        deleting is how space comes back, answers WHOAMI only from them)."""
+        if self.clock() - self._roles_at < ROLES_FRESH_S:
+            return "admin" in self._roles
+        if self._principal and (self._asking_roles is None or self._asking_roles.done()):
+            self._asking_roles = self._loop.create_task(self._ask_roles())
+        return False
+
+    async def _ask_roles(self) -> None:
+        try:
+            await self.whoami(sorted(self._bookies), fresh=True)
+        except BKError as e:
+            log.debug("roles not refreshed: %s", e)
 
     async def whoami(self, bookies: list[str] | None = None, *, fresh: bool = False) -> tuple[str, frozenset[str]]:
         """This client's principal and roles as the bookies see them (WHOAMI, through the
@@ -504,15 +526,16 @@ MULTI_WRITE_MAX = 128  # metadata writes per multi-op (~0.5 KB each: far below j
 
 class _MetadataWrites:
     """The client's metadata writes (write_metadata) queued in one turn of the loop and sent
-    as one ZooKeeper multi-op (ZkMetadataStore.write_ledgers_async), a lone one as a plain
-    compare-and-set.
+    as one ZooKeeper multi-op (ZkMetadataStore.write_ledgers_async, which splits what would
+    pass ZooKeeper's request limit), a lone one as a plain compare-and-set.
 
     Why: kazoo costs the client ~130 us of CPU per request, and ~20 us per write of a
     multi-op of ten; a recovery writes twice (IN_RECOVERY, then CLOSED) and a close once,
     so 64 recoveries in flight spent most of their client CPU in kazoo. Each write keeps its
     own outcome: ZooKeeper applies a multi-op whole or not at all, so a write refused (its
-    version moved, its ledger deleted) fails alone and the others, rolled back, go again in
-    the next multi-op. A lost connection fails every write of the multi-op as it would each
+    version moved, its ledger deleted) fails alone and the others, rolled back, go again
+    each alone, pipelined (one more round trip, however many were refused). Writes wait for
+    the end of the loop's turn: a delete sent in the same turn reaches ZooKeeper first. A lost connection fails every write of the multi-op as it would each
     plain write (MetadataServiceError: applied or not, unknown)."""
 
     def __init__(self, bk: BookKeeper) -> None:
@@ -533,9 +556,12 @@ class _MetadataWrites:
     def _send(self) -> None:
         queued, self._queued = [(md, f) for md, f in self._queued if not f.done()], []
         for start in range(0, len(queued), MULTI_WRITE_MAX):
-            task = self._bk._loop.create_task(self._commit(queued[start:start + MULTI_WRITE_MAX]))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._commit(queued[start:start + MULTI_WRITE_MAX]))
+
+    def _spawn(self, commit: Coroutine[Any, Any, None]) -> None:
+        task = self._bk._loop.create_task(commit)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _commit(self, batch: list[tuple[LedgerMetadata, asyncio.Future[LedgerMetadata]]]) -> None:
         store = self._bk.store
@@ -553,8 +579,8 @@ class _MetadataWrites:
         for (md, fut), result in zip(batch, results):
             if fut.done():
                 continue
-            if result is None:
-                self._queue(md, fut)  # rolled back for another write's error: not applied
+            if result is None:  # rolled back for another write's error, not applied: sent again alone
+                self._spawn(self._commit([(md, fut)]))  # (re-batched, k stale writes took k round trips)
             elif isinstance(result, BaseException):
                 fut.set_exception(_own(result) if len(batch) > 1 else result)
             else:

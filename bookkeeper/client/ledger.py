@@ -723,8 +723,9 @@ class WriteHandle(ReadHandle):
         segment = self._current_segment()
         ensemble = segment.ensemble
         timeout_s = self._ctx.config.add_timeout_s
+        write_set = self._tracker.add(entry_id, len(data), fut, payload, ensemble)
         self._sink.pin()  # held while the add is outstanding, though the application drops the handle
-        for idx in self._tracker.add(entry_id, len(data), fut, payload, ensemble):
+        for idx in write_set:
             conn = segment.conns[idx]
             if conn is None:
                 self._send_add(entry_id, idx, ensemble[idx], payload)  # unroutable: fails through the pool

@@ -154,8 +154,9 @@ class Pending(Generic[T]):
         return self._finish(*self._replies)
 
     def then(self, done: Callable[[T | None, BaseException | None], None]) -> None:
-        """done(answer, None) or done(None, error) on kazoo's callback thread once the last
-        reply has come (finish runs there too)."""
+        """done(answer, None) or done(None, error) once the last reply has come, on kazoo's
+        completion thread (finish runs there too: it must not block on kazoo), or on the
+        connection thread once the client is stopping."""
         def settle(_last: Any) -> None:
             try:
                 value = self._finish(*self._replies)
@@ -163,7 +164,10 @@ class Pending(Generic[T]):
                 done(None, e)
             else:
                 done(value, None)
-        self._replies[-1].rawlink(settle)
+        if self._replies:
+            self._replies[-1].rawlink(settle)
+        else:
+            settle(None)  # nothing was sent (every op refused before): the answer is at hand
 
 
 def _guard(name: str, op: str) -> None:
@@ -193,6 +197,7 @@ BUCKET_SPAN = 10_000  # ledgers per bucket: the leaf's 4 digits
 SUBTREES = ((2, 4), (3, 4, 4, 4))
 SUPPORTED_LAYOUT = 2  # the newest metadata layout this code reads and writes (docs/metadata.md)
 FIRST_BLOCK, MAX_BLOCK = 64, 4096  # ids a client reserves at once: doubling from the first to the max
+MULTI_OP_BYTES = 256 * 1024  # metadata bytes per multi-op: a quarter of ZooKeeper's default jute.maxbuffer
 RETIRED_IDGEN = (b"retired by `bk metadata upgrade` (layout 2): ledger ids come from idblocks; "
                  b"a client creating under idgen predates that layout and must be upgraded")
 
@@ -771,44 +776,65 @@ class ZkMetadataStore:
         return Pending(finish, self.zk.set_async(path, self._stored(md), version=md.version))
 
     def write_ledgers_async(self, mds: list[LedgerMetadata]) -> Pending[list[LedgerMetadata | BKError | None]]:
-        """Compare-and-set of several ledgers' metadata in one multi-op, which ZooKeeper applies
-        whole or not at all: per md, in order, its snapshot at the new version, or the error
-        that refused it (MetadataVersionError, NoSuchLedgerError, ...), or None where the
-        multi-op was rolled back for another md's error (not applied: send it again). Why:
-        kazoo spends ~130 us of the client's CPU per request and ~20 per op of a multi-op of
-        ten (BookKeeper.write_metadata sends concurrent writes this way)."""
-        txn = self.zk.transaction()
-        paths = [ledger_path(self.root, md.ledger_id) for md in mds]
-        for md, path in zip(mds, paths):
-            txn.set_data(path, self._stored(md), version=md.version)
+        """Compare-and-set of several ledgers' metadata in multi-ops, which ZooKeeper applies
+        whole or not at all (one multi-op per MULTI_OP_BYTES of metadata, pipelined: a
+        request past jute.maxbuffer would end the session): per md, in order, its snapshot at
+        the new version, or the error that refused it (MetadataVersionError,
+        NoSuchLedgerError, ...), or None where its multi-op was rolled back for another md's
+        error (not applied: send it again). Why: kazoo spends ~130 us of the client's CPU per
+        request and ~20 per op of a multi-op of ten (BookKeeper.write_metadata sends
+        concurrent writes this way)."""
+        slots: list[LedgerMetadata | BKError | tuple[int, int]] = []  # md's outcome, or (multi-op, op) of it
+        txns: list[Any] = []
+        size = MULTI_OP_BYTES
+        for md in mds:
+            try:
+                data = self._stored(md)
+            except BKError as e:  # this md alone: its password cannot be sealed
+                slots.append(e)
+                continue
+            if size + len(data) > MULTI_OP_BYTES:
+                txns.append(self.zk.transaction())
+                size = 0
+            size += len(data)
+            txns[-1].set_data(ledger_path(self.root, md.ledger_id), data, version=md.version)
+            slots.append((len(txns) - 1, len(txns[-1].operations) - 1))
 
-        def finish(committed: Any) -> list[LedgerMetadata | BKError | None]:
-            out: list[LedgerMetadata | BKError | None] = []
-            for md, path, result in zip(mds, paths, self._reply(committed, "write (in a multi-op)", paths[0])):
-                if isinstance(result, (RolledBackError, RuntimeInconsistency)):
-                    out.append(None)  # before / after the op that failed: not applied
-                elif isinstance(result, BadVersionError):
-                    out.append(MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version "
-                                                    f"{md.version}"))
-                elif isinstance(result, NoNodeError):
-                    out.append(NoSuchLedgerError(f"ledger {md.ledger_id} does not exist"))
-                elif isinstance(result, (NoAuthError, AuthFailedError)):
-                    out.append(metadata_auth_error(result, "write (in a multi-op)", path, self.security))
-                elif isinstance(result, Exception):
-                    out.append(MetadataServiceError(f"ZooKeeper: {type(result).__name__} {result}"))
-                else:
-                    out.append(md.replace(version=result.version))
-            return out
-        return Pending(finish, txn.commit_async())
+        def finish(*committed: Any) -> list[LedgerMetadata | BKError | None]:
+            results = [self._reply(c, "write (in a multi-op)", txn.operations[0].path)
+                       for c, txn in zip(committed, txns)]
+            return [slot if not isinstance(slot, tuple) else self._written(md, results[slot[0]][slot[1]])
+                    for md, slot in zip(mds, slots)]
+        if not txns:
+            return Pending(lambda: finish())
+        return Pending(finish, *(txn.commit_async() for txn in txns))
+
+    def _written(self, md: LedgerMetadata, result: Any) -> LedgerMetadata | BKError | None:
+        """One set_data's result in a multi-op, as write_ledgers_async says."""
+        if isinstance(result, (RolledBackError, RuntimeInconsistency)):
+            return None  # before / after the op that failed: not applied
+        if isinstance(result, BadVersionError):
+            return MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version {md.version}")
+        if isinstance(result, NoNodeError):
+            return NoSuchLedgerError(f"ledger {md.ledger_id} does not exist")
+        if isinstance(result, (NoAuthError, AuthFailedError)):
+            return metadata_auth_error(result, "write (in a multi-op)", ledger_path(self.root, md.ledger_id),
+                                       self.security)
+        if isinstance(result, Exception):
+            return MetadataServiceError(f"ZooKeeper: {type(result).__name__} {result}")
+        return md.replace(version=result.version)
 
     def delete_ledger(self, ledger_id: int) -> None:
-        self.delete_ledger_async(ledger_id).result()
+        """Delete the ledger's metadata and, before returning, the parent levels it emptied."""
+        self.delete_ledger_async(ledger_id, prune_here=True).result()
 
-    def delete_ledger_async(self, ledger_id: int) -> Pending[None]:
+    def delete_ledger_async(self, ledger_id: int, *, prune_here: bool = False) -> Pending[None]:
         """Delete the ledger's metadata, and the parent levels that emptied: the bucket's stat is
         sent with the delete (one round trip; answered after it, in order), and only an
-        emptied bucket costs more, once per 10^4 ledgers (_prune_parents, blocking: it runs
-        where finish runs, on kazoo's callback thread or the caller's)."""
+        emptied bucket costs more, once per 10^4 ledgers (_prune_soon: its blocking calls must
+        not run where finish may, on kazoo's completion thread, whose replies they would wait
+        behind, or on its connection thread once the client stops: a deadlock). prune_here:
+        finish prunes itself (for result() on the caller's thread, which may block)."""
         path = ledger_path(self.root, ledger_id)
         bucket = path.rsplit("/", 1)[0]
 
@@ -822,8 +848,24 @@ class ZkMetadataStore:
             except (KazooException, ZookeeperError):
                 return  # deleted; only the pruning is skipped (an empty bucket costs a listing a read)
             if stat is not None and not stat.numChildren:
-                self._prune_parents(path)
+                if prune_here:
+                    self._prune_parents(path)
+                else:
+                    self._prune_soon(path)
         return Pending(finish, self.zk.delete_async(path), self.zk.exists_async(bucket))
+
+    def _prune_soon(self, path: str) -> None:
+        """_prune_parents on a thread of its own (at once over the simulator's client, which
+        has no threads); it only tidies, so its failure is logged, never the delete's."""
+        def prune() -> None:
+            try:
+                self._prune_parents(path)
+            except Exception as e:  # noqa: BLE001 - an empty bucket left behind costs a listing a read
+                log.info("emptied metadata bucket of %s not removed: %s", path, e)
+        if self._injected:
+            prune()
+        else:
+            threading.Thread(target=prune, name="zk-prune", daemon=True).start()
 
     def _prune_parents(self, path: str) -> None:
         """Remove the parent levels a delete emptied. A stat (a read, served locally) first: a

@@ -91,7 +91,9 @@ ENTRY_OVERHEAD_BYTES = 170
 _FLUSH_CHUNK_BYTES = 8 << 20  # entry-log bytes laid out per encode_batch: bounds the checkpoint's extra memory
 LOG_MAX_BYTES = 1 << 30
 _LOGS_FORMAT = b"logs_format"  # meta key: the per-log records exist (set once, by creation or migration)
-MASTER_KEYS_SHARED = 4096  # distinct master keys a shard keeps one copy of (LedgerStorage._shared_key)
+# Distinct master keys a shard keeps one copy of (LedgerStorage._shared_key), for its life: a
+# key stays after its ledgers are deleted (at most 4096 x ~100 B); past that, keys are not shared.
+MASTER_KEYS_SHARED = 4096
 SWEEP_KEYS_PER_TXN = 10_000  # index keys of deleted ledgers deleted per LMDB transaction (~1 MiB of dirty pages)
 
 

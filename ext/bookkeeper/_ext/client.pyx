@@ -865,8 +865,6 @@ cdef class AddTracker:
         cdef double now = self._now()  # once per batch: its requests and entries are sent in this call
         if len(pipes) != self.e:
             raise ValueError(f"{len(pipes)} pipes for a ledger of ensemble size {self.e}")
-        if n and isinstance(sink, AckSink):
-            (<AckSink>sink)._pin()
         self.lac_told = piggyback_lac
         for i in range(n):
             data = <bytes?>datas[i]
@@ -875,6 +873,8 @@ cdef class AddTracker:
             payload = _encode_entry(kind, mac_key, ledger_id, entry_id, piggyback_lac, <uint64_t>length, data)
             ws = self._add(entry_id, PyBytes_GET_SIZE(data), last_future if i == n - 1 else None, payload, ensemble,
                            now)
+            if i == 0 and isinstance(sink, AckSink):
+                (<AckSink>sink)._pin()  # once an add is outstanding: a refused one leaves no pin
             for idx in ws:
                 if (<RequestPipe?>pipes[idx])._send(OP_ADD, flags, ledger_id, entry_id, key, 0, payload, sink,
                                                    (entry_id, idx, ensemble[idx]), timeout_s, False, now):
