@@ -79,6 +79,7 @@ def test_write_lacs_of_many_slowly_written_ledgers_stay_within_the_wheels_budget
             sent = bk.stats["write_lacs"]
             adds = rounds * HANDLES
             assert 0 < sent <= qw * (adds // ADDS_PER_EXPLICIT_LAC + LAC_HANDLES_PER_TICK * (elapsed_s / interval_s + 1))
+            assert sent < qw * adds // 2  # a timer per handle sent Qw after every add, however slow the run
             # The writers pause: every ledger's last LAC is told (within the budget, in turn).
             await _until(lambda: bk.lac_wheel.queue.queued == 0)
             await _until(lambda: _bookie_write_lacs(cluster) - before >= bk.stats["write_lacs"])

@@ -2,6 +2,8 @@
 19-digit subtree, `bk metadata upgrade|status`, listings that start anywhere. Real ZooKeeper."""
 from __future__ import annotations
 
+import time
+
 import json
 import subprocess
 import sys
@@ -203,14 +205,22 @@ def test_creates_past_max_pending_creates_wait_then_fail_naming_the_bound(make_c
                 def then(self, done):  # noqa: ANN001, ANN202
                     threading.Thread(target=lambda: release.wait(30) and real(self.md).then(done), daemon=True).start()
             bk.store.create_ledger_async = Stalled
-            first = asyncio.ensure_future(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
-            while not bk._creates.locked():  # the first create holds the one slot
-                await asyncio.sleep(0.01)
-            with pytest.raises(MetadataServiceError, match="1 creates pending"):
-                await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
-            release.set()
-            lh = await first
-            bk.store.create_ledger_async = real
+            try:
+                first = asyncio.ensure_future(bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1))
+                async with asyncio.timeout(10):
+                    while not bk._creates.locked():  # the first create holds the one slot
+                        if first.done():
+                            first.result()  # it failed before taking the slot: say why
+                        await asyncio.sleep(0.01)
+                t0 = time.monotonic()
+                with pytest.raises(MetadataServiceError, match="1 creates pending"):
+                    await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
+                assert time.monotonic() - t0 >= 0.3  # it waited metadata_timeout_s, not refused at once
+                release.set()
+                lh = await first
+            finally:
+                release.set()
+                bk.store.create_ledger_async = real
             second = await bk.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
             assert second.ledger_id != lh.ledger_id
     asyncio.run(main())
@@ -283,6 +293,7 @@ def test_concurrent_metadata_writes_past_zookeepers_request_limit_are_split(make
     import asyncio
 
     from bookkeeper.client import BookKeeper
+    from bookkeeper.meta.zk import MULTI_OP_BYTES
 
     cluster = make_cluster(bookies=3, shards=1)
 
@@ -291,7 +302,24 @@ def test_concurrent_metadata_writes_past_zookeepers_request_limit_are_split(make
             handles = [await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2) for _ in range(20)]
             mds = [await bk.ledger_metadata(h.ledger_id) for h in handles]
             big = {"blob": b"b" * 60_000}
-            got = await asyncio.gather(*(bk.write_metadata(md.replace(custom_metadata=big)) for md in mds))
+            multi_ops: list[int] = []
+            real = bk.store.zk.transaction
+
+            def counted():  # noqa: ANN202 - every multi-op the writes go in, measured at commit
+                txn = real()
+                commit = txn.commit_async
+
+                def measured():  # noqa: ANN202
+                    multi_ops.append(sum(len(op.data) for op in txn.operations))
+                    return commit()
+                txn.commit_async = measured
+                return txn
+            bk.store.zk.transaction = counted
+            try:
+                got = await asyncio.gather(*(bk.write_metadata(md.replace(custom_metadata=big)) for md in mds))
+            finally:
+                bk.store.zk.transaction = real
+            assert len(multi_ops) > 1 and max(multi_ops) <= MULTI_OP_BYTES and sum(multi_ops) > 1_000_000
             assert [md.version for md in got] == [md.version + 1 for md in mds]
             for md in mds:
                 assert (await bk.ledger_metadata(md.ledger_id)).custom_metadata == big

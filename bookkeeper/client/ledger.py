@@ -55,21 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ReadResult = tuple[bytes, int, int]  # data, lac piggybacked, ledger length after the entry
-MAX_SHARED_KEYS = 1024  # distinct derived keys shared between handles; past it the table starts again
-_shared_keys: dict[bytes, bytes] = {}
-
-
-def _shared_key(key: bytes) -> bytes:
-    """One bytes object per distinct derived key (master key, MAC key) for every handle of the
-    process: ledgers written with one password share it. Why: 53 bytes fewer per handle, and
-    one object every add reads that stays in the CPU's caches instead of one per handle that
-    does not (10^4 open handles: issue 26). Keys, not passwords: each is a SHA-1 of one."""
-    shared = _shared_keys.get(key)
-    if shared is None:
-        if len(_shared_keys) >= MAX_SHARED_KEYS:
-            _shared_keys.clear()
-        shared = _shared_keys[key] = key
-    return shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +302,7 @@ class ReadHandle:
         self.metadata = metadata
         self.ledger_id = metadata.ledger_id
         self._digest = DigestManager(metadata.ledger_id, metadata.digest, password)
-        self._key = _shared_key(ctx.master_key(password))
+        self._key = ctx.master_key(password)
         self._lac = lac
         self._length = metadata.length
 
@@ -583,7 +568,7 @@ class WriteHandle(ReadHandle):
         self._frame_overhead = REQUEST_HEADER_BYTES + HEADER_BYTES + self._digest.size
         # The digest's kind and key, read by every add: kept here, one object fewer to touch an
         # add (with 10^4 handles, each add's objects are out of the CPU's caches).
-        self._kind, self._mac_key = self._digest.kind, _shared_key(self._digest.mac_key)
+        self._kind, self._mac_key = self._digest.kind, self._digest.mac_key
         self._changing: asyncio.Task[None] | None = None
         self._segment: Segment | None = None  # where new entries go, routed from _segment_md
         self._segment_md: LedgerMetadata | None = None

@@ -768,10 +768,10 @@ class ZkMetadataStore:
         def finish(written: Any) -> LedgerMetadata:
             try:
                 stat = self._reply(written, "write", path)
-            except BadVersionError as e:
-                raise MetadataVersionError(f"ledger {md.ledger_id} metadata changed since version {md.version}") from e
-            except NoNodeError as e:
-                raise NoSuchLedgerError(f"ledger {md.ledger_id} does not exist") from e
+            except (BadVersionError, NoNodeError) as e:
+                error = self._written(md, e)
+                assert isinstance(error, BKError)
+                raise error from e
             return md.replace(version=stat.version)
         return Pending(finish, self.zk.set_async(path, self._stored(md), version=md.version))
 
@@ -810,7 +810,8 @@ class ZkMetadataStore:
         return Pending(finish, *(txn.commit_async() for txn in txns))
 
     def _written(self, md: LedgerMetadata, result: Any) -> LedgerMetadata | BKError | None:
-        """One set_data's result in a multi-op, as write_ledgers_async says."""
+        """One set_data's result (a stat, or the error it got alone or in a multi-op) as
+        write_ledgers_async answers it; write_ledger_async raises the errors it maps."""
         if isinstance(result, (RolledBackError, RuntimeInconsistency)):
             return None  # before / after the op that failed: not applied
         if isinstance(result, BadVersionError):
