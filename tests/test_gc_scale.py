@@ -14,6 +14,7 @@ import asyncio
 import collections
 import itertools
 import math
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -410,19 +411,51 @@ def test_a_deleted_ledgers_index_goes_in_bounded_transactions(tmp_path: Path, mo
 
 
 # -- checkpoints ----------------------------------------------------------------------
+def _c_path_add(st: LedgerStorage, tmp_path: Path, ledger_id: int, key: bytes) -> None:
+    """One add through the shard's C add path (AddPath.dispatch, as a connection's bytes reach
+    it), made durable: a real in-process ShardServer and Journal over this storage."""
+    from bookkeeper.bookie.journal import Journal
+    from bookkeeper.bookie.server import BookieProtocol, ShardServer
+    from bookkeeper.proto import Op, encode_request
+    from bookkeeper.testing.syncers import ManualSyncer
+    from tests.test_shard_inprocess import Socket
+
+    async def main() -> None:
+        server = ShardServer(storage=st, shard_index=0, shards=1, max_frame_bytes=1 << 20, readonly=False,
+                             data_dir=str(tmp_path))
+        syncer = ManualSyncer()
+        journal = Journal(tmp_path / "journal", syncer=syncer, loop=asyncio.get_running_loop(),
+                          on_durable=server.on_durable, on_failed=server.on_failed, preallocate_bytes=1 << 20)
+        journal.start()
+        server.journal = journal
+        python_dispatch = server.dispatch
+        server.dispatch = lambda conn, frame: pytest.fail(f"the add left the C path: {frame[:5]}")  # type: ignore[method-assign]
+        conn, sock = BookieProtocol(server), Socket()
+        conn.connection_made(sock)
+        payload = struct.pack(">QqqQ", ledger_id, 0, -1, 6) + b"c-path"
+        conn.data_received(encode_request(Op.ADD_ENTRY, 0, 1, ledger_id, 0, key, 0, payload))
+        for _ in range(3):
+            await asyncio.sleep(0)
+            syncer.release_all()
+        assert [r[1] for r in sock.responses()] == [0]
+        server.dispatch = python_dispatch  # type: ignore[method-assign]
+        journal.close()
+
+    run(main())
+
+
 def test_a_checkpoint_compares_only_the_ledgers_that_changed(tmp_path: Path) -> None:
     """10,000 ledgers held, 4 changed since the last checkpoint (an add through put_entry, one
-    through the C path, which only stages the entry and raises the state, a fence, a new
-    ledger): the snapshot compares those 4 and writes their states. A failed flush puts them
-    back; what commits survives a reopen."""
+    through the C add path, a fence, a new ledger): the snapshot compares those 4 and writes
+    their states, without a look at the entries cached. A failed flush puts them back; what
+    commits survives a reopen."""
     st = LedgerStorage(tmp_path / "s")
     for lid in range(10_000):
         st.create_ledger(lid, KEY)
     _checkpoint(st, 1)
     st.put_entry(10, 0, b"a", -1)
-    st.write_cache[(20, 0)] = b"c-path"  # what shardpath.pyx:AddPath does, telling nobody
-    st.write_cache_bytes += len(b"c-path") + ENTRY_OVERHEAD_BYTES
-    st.ledgers[20].last_entry = 0
+    _c_path_add(st, tmp_path, 20, KEY)
+    assert (20, 0) in st.write_cache and st.ledgers[20].in_dirty
     fenced = st.ledger(30)
     assert fenced is not None
     fenced.fenced = True

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, encode_batch
+from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, SortedEntries
 from bookkeeper.bookie.files import fsync_dir
-from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, LogInfo, read_records
+from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, FLUSH_SLICE_ENTRIES, LogInfo, read_records
 
 if TYPE_CHECKING:
     from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
@@ -106,7 +106,7 @@ class Compactor:
         st = self.st
         copies: list[tuple[bytes, bytes, bytes, int, int]] = []
         batch: dict[tuple[int, int], bytes] = {}
-        old: dict[tuple[int, int], bytes] = {}
+        old: dict[bytes, bytes] = {}  # index key -> the value pointing at this log
         batch_bytes = 0
         with st.env.begin(db=st.db_index) as txn:
             for lid, eid, offset, data in read_records(info.path, info.size):
@@ -115,7 +115,7 @@ class Compactor:
                 if txn.get(key) != here:
                     continue  # deleted ledger, or an older copy of a re-added entry
                 batch[(lid, eid)] = data
-                old[(lid, eid)] = here
+                old[key] = here
                 batch_bytes += len(data) + RECORD_HEADER_BYTES
                 if batch_bytes >= _COPY_BATCH_BYTES:
                     copies += self._write(batch, old)
@@ -130,21 +130,22 @@ class Compactor:
         return copies
 
     def _write(self, batch: dict[tuple[int, int], bytes],
-               old: dict[tuple[int, int], bytes]) -> list[tuple[bytes, bytes, bytes, int, int]]:
+               old: dict[bytes, bytes]) -> list[tuple[bytes, bytes, bytes, int, int]]:
         st = self.st
         out = []
-        keys = sorted(batch)
-        start = 0
+        entries = SortedEntries(batch)
+        while not entries.gather(FLUSH_SLICE_ENTRIES):
+            pass
+        entries.sort()
         with st._flush_lock:
-            while start < len(keys):
+            while entries.remaining:
                 if st._log_pos >= st.entry_log_max_bytes:
                     os.fdatasync(st._log_fd)
                     st._roll_if_full()
-                records, index, _end, nxt = encode_batch(keys, start, batch, st._log_id, st._log_pos, st._room())
+                records, index, _end, _per = entries.encode(st._log_id, st._log_pos, st._room(), FLUSH_SLICE_ENTRIES)
                 st._append(records)
-                for (k, v), key in zip(index, keys[start:nxt]):
-                    out.append((k, old[key], v, st._log_id, len(batch[key]) + RECORD_HEADER_BYTES))
-                start = nxt
+                for k, v in index:
+                    out.append((k, old[k], v, st._log_id, _IDX_VAL.unpack(v)[2] + RECORD_HEADER_BYTES))
         copied = sum(c[4] for c in out)
         self.result.entries_copied += len(out)
         self.result.bytes_copied += copied

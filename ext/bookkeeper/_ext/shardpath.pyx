@@ -75,6 +75,10 @@ cdef class LedgerState:
     cdef public bint fenced
     cdef unsigned char _saved
     cdef unsigned char _saved_fenced
+    # Whether the ledger is in its storage's dirty set (`LedgerStorage._dirty`, which the next
+    # checkpoint compares): the add loop adds it once per checkpoint, not per add, and the
+    # snapshot clears it. Set means in the set; clear means nothing.
+    cdef public unsigned char in_dirty
 
     def __init__(self, bytes master_key not None, bint fenced=False, int64_t lac=-1, int64_t last_entry=-1):
         self.master_key = master_key
@@ -129,6 +133,7 @@ cdef class AddPath:
     cdef JournalBatch batch
     cdef dict ledgers
     cdef dict cache
+    cdef set dirty
     cdef dict waiters
     cdef set to_wake
     # The run of fast adds not yet handed to the journal as an item.
@@ -152,6 +157,7 @@ cdef class AddPath:
             self.batch = <JournalBatch?>journal._batch
             self.ledgers = <dict?>self.storage.ledgers
             self.cache = <dict?>self.storage.write_cache
+            self.dirty = <set?>self.storage._dirty
             self.waiters = <dict?>server._waiters
             self.to_wake = <set?>server._to_wake
         return 0
@@ -239,6 +245,9 @@ cdef class AddPath:
                     st.lac = blob_lac
                 if entry_id > st.last_entry:
                     st.last_entry = entry_id
+                if not st.in_dirty:
+                    st.in_dirty = 1
+                    self.dirty.add(lid)
                 if self.run_n == 0:
                     self.run_started_batch = self.batch.count == 0
                 self.batch.append_record(REC_ADD, ledger_id, entry_id, payload, plen)
