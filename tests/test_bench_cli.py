@@ -186,3 +186,50 @@ def test_bench_ledgers_reads_loop_lag_as_a_gauge_or_a_histogram_and_else_none() 
     assert loop_lag_max([before, before]) is None  # none observed during the phase
     other = parse_metrics('# TYPE bookkeeper_ledgers gauge\nbookkeeper_ledgers{shard="0"} 3\n')
     assert loop_lag_max([other, other]) is None
+
+
+def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path) -> None:
+    """`bench neighbour`: the bulk peak, then the W=1 writer alone, beside bulk at a rate and
+    beside closed-loop bulk; each W=1 row has its max, what the shards measured over the same
+    seconds (add p99, journal sync p99, block bytes p99, loop lag) and CPU per process; a bulk
+    phase names the rate the bulk writer kept (in its own process, with its own CPU)."""
+    doc = bench("neighbour", "--seconds", "4", "--bulk-rate", "500", "--bulk-size", "256", tmp=tmp_path)
+    assert doc["bench"] == "neighbour"
+    rows = {r["phase"]: r for r in doc["results"]}
+    assert list(rows) == ["bulk peak", "alone", "beside bulk at rate", "beside closed-loop bulk"]
+    assert rows["bulk peak"]["bulk_adds_per_s"] > 0 and rows["bulk peak"]["bulk_bytes"] == 256
+    for phase in ("alone", "beside bulk at rate", "beside closed-loop bulk"):
+        r = rows[phase]
+        assert r["ops_per_s"] > 0 and r["max_ms"] >= r["latency_ms"]["p99"] > 0
+        assert set(r["shards"]) == {"add_p99_ms", "journal_sync_p99_ms", "journal_block_p99_bytes", "loop_lag_max_ms"}
+        assert r["shards"]["add_p99_ms"] > 0 and r["shards"]["journal_block_p99_bytes"] > 0
+        assert any(k.startswith("client[") for k in r["cpu_percent"]) and sum(k.count("-shard[") for k in r["cpu_percent"]) == 3
+    assert "bulk_adds_per_s" not in rows["alone"]
+    at_rate = rows["beside bulk at rate"]
+    assert at_rate["bulk_rate_target"] == 500 and 0 < at_rate["bulk_rate_kept"] <= 1.2 and at_rate["bulk_cpu_percent"] > 0
+    assert rows["beside closed-loop bulk"]["bulk_adds_per_s"] > 0
+    assert not list(tmp_path.iterdir()), "bench leaves no data behind"
+
+
+def test_histogram_quantile_reads_bucket_deltas_summed_over_shards() -> None:
+    """A histogram's quantile between two scrapes: the observations made between them, every
+    shard's series summed; the smallest bucket bound holding that share; None when none."""
+    from bookkeeper.bench.ledgers import parse_metrics
+    from bookkeeper.bench.neighbour import histogram_quantile
+
+    name = "bookkeeper_add_entry_latency_seconds"
+
+    def scrape(per_shard: dict[str, tuple[int, ...]]) -> dict:
+        text = f"# TYPE {name} histogram\n"
+        for shard, counts in per_shard.items():
+            text += "".join(f'{name}_bucket{{le="{le}",shard="{shard}"}} {n}\n'
+                            for le, n in zip(("0.001", "0.01", "0.1", "+Inf"), counts))
+            text += f'{name}_count{{shard="{shard}"}} {counts[-1]}\n{name}_sum{{shard="{shard}"}} 0.1\n'
+        return parse_metrics(text)
+
+    before = scrape({"0": (10, 10, 10, 10), "1": (0, 0, 0, 0)})
+    after = scrape({"0": (100, 100, 100, 100), "1": (0, 9, 10, 10)})  # 100 new: 90 <= 1 ms, 9 <= 10 ms, 1 <= 100 ms
+    assert histogram_quantile(before, after, name, 0.5) == 0.001
+    assert histogram_quantile(before, after, name, 0.95) == 0.01
+    assert histogram_quantile(before, after, name, 1.0) == 0.1
+    assert histogram_quantile(before, before, name, 0.99) is None

@@ -645,6 +645,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 from bookkeeper.bench.stream import stream_bench
                 results = stream_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds, batch=args.batch,
                                        sync=args.sync)
+            elif args.bench == "neighbour":
+                from bookkeeper.bench.neighbour import neighbour_bench
+                results = neighbour_bench(str(work), seconds=args.seconds, bulk_rate=args.bulk_rate,
+                                          bulk_size=args.bulk_size, sync=args.sync)
             elif args.bench == "cluster":
                 results = cluster_bench(str(work), size=(sizes or (100,))[0], seconds=args.seconds * 0.6,
                                         window=window, sync=args.sync, driver=_handle_driver(args), tls=args.tls,
@@ -765,7 +769,7 @@ def _add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    families = ["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark", "ledgers"]
+    families = ["limits", "journal", "bookie", "cluster", "read", "client", "stream", "spark", "ledgers", "neighbour"]
     s = sub.add_parser("bench", parents=[common], help="benchmarks (figures printed, see docs/performance.md)")
     s.add_argument("bench", choices=families, metavar="FAMILY", help=" | ".join(families))
     s.add_argument("--json", action="store_true", help="one JSON object instead of the table")
@@ -797,6 +801,10 @@ def _add_bench_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=int, default=1000, metavar="N", help="stream: records per write_batch")
     s.add_argument("--scale", type=float, default=1.0, metavar="X",
                    help="spark: multiplies the ledgers' entry counts")
+    s.add_argument("--bulk-rate", type=float, default=0.0, metavar="ADDS_PER_S",
+                   help="neighbour: the bulk writer's open-loop rate (default 40%% of its measured peak)")
+    s.add_argument("--bulk-size", type=int, default=1024, metavar="BYTES",
+                   help="neighbour: the bulk writer's entry bytes (default 1024)")
     s.add_argument("--ledgers", default="10,100,1000,10000", metavar="COUNTS",
                    help="ledgers: the ledger counts to run the phases at (default 10,100,1000,10000)")
     s.add_argument("--metadata", type=int, default=0, metavar="N",

@@ -1,0 +1,272 @@
+"""`bk bench neighbour` (issue 28): a latency-sensitive writer beside bulk traffic.
+
+ZooKeeper and 3 bookies (1 shard each). The service is a W=1 writer in this process (3/2/2,
+100 B, one add in flight, through a write handle); the neighbour is a bulk writer in another
+process (its own client, 3/2/2, --bulk-size bytes), the way two services share a cluster.
+Phases, --seconds / 4 each:
+
+1. bulk peak: the bulk writer alone in a closed loop (4,000 in flight), for the cluster's peak
+   at its entry size; --bulk-rate defaults to 40 % of it;
+2. alone: the W=1 writer alone;
+3. beside bulk at rate: the W=1 writer while the bulk writer sends `add_entries` of
+   rate/100 entries every 10 ms (an open loop);
+4. beside closed-loop bulk: the W=1 writer while the bulk writer runs its closed loop.
+
+Per phase: the W=1 writer's p50/p99/p99.9/max, the bulk writer's rate (and, open loop, the
+share of its target it kept), CPU per process, and what the shards say of the same seconds
+from their own histograms (/metrics deltas, bucket upper bounds): add latency from arrival
+to durable response (p99), journal block write + fdatasync (p99), journal block bytes (p99)
+and the longest loop lag. Where the W=1 writer's time goes beyond the shard's p99 is the
+client, the wire, or queueing before the shard's timestamps (a receive buffer behind the
+bulk writer's frames). Figures only; never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import uvloop
+
+from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
+from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
+from bookkeeper.bench.ledgers import Scrape, loop_lag_max, parse_metrics
+from bookkeeper.client import BookKeeper
+from bookkeeper.testing.cluster import LocalCluster
+
+BULK_WINDOW = 4000  # the closed-loop bulk writer's adds in flight (bk bench cluster's peak depth)
+BULK_TICK_S = 0.01  # the open-loop bulk writer sends one batch per tick
+BULK_MARGIN_S = 1.0  # the bulk load starts before and ends after the W=1 writer's phase
+DEFAULT_RATE_SHARE = 0.4  # --bulk-rate unset: this share of the measured bulk peak
+SERVICE_BYTES = 100
+SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
+                    "journal_sync_p99_ms": "bookkeeper_journal_sync_latency_seconds",
+                    "journal_block_p99_bytes": "bookkeeper_journal_batch_bytes"}
+
+
+def histogram_quantile(first: Scrape, last: Scrape, family: str, q: float) -> float | None:
+    """The q-quantile of a histogram over the observations made between two scrapes, summed
+    over every series (shard): the smallest bucket bound holding that share of them (an upper
+    bound, as Prometheus buckets allow). None when nothing was observed."""
+    grew: dict[float, float] = {}
+    for key, v in last.items():
+        if key[0] == family + "_bucket":
+            le = float(dict(key[1])["le"])
+            grew[le] = grew.get(le, 0.0) + v - first.get(key, 0.0)
+    total = grew.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    return min(le for le, n in grew.items() if n >= q * total)
+
+
+def _scrape(cluster: LocalCluster) -> list[Scrape]:
+    out = []
+    for b in cluster.bookies:
+        with urllib.request.urlopen(f"http://{b.address}:{b.http_port}/metrics", timeout=30) as r:
+            out.append(parse_metrics(r.read().decode()))
+    return out
+
+
+def _merged(scrapes: list[Scrape]) -> Scrape:
+    """Every bookie's scrape as one (series of different bookies summed)."""
+    out: Scrape = {}
+    for s in scrapes:
+        for k, v in s.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def shard_figures(before: list[Scrape], after: list[Scrape]) -> dict[str, float | None]:
+    """What the shards measured between two scrapes of every bookie (module doc)."""
+    first, last = _merged(before), _merged(after)
+    out: dict[str, float | None] = {}
+    for name, family in SHARD_HISTOGRAMS.items():
+        v = histogram_quantile(first, last, family, 0.99)
+        out[name] = None if v is None else (round(v * 1000, 3) if name.endswith("_ms") else v)
+    lags = [loop_lag_max([b, a]) for b, a in zip(before, after)]
+    known = [x for x in lags if x is not None]
+    out["loop_lag_max_ms"] = round(max(known) * 1000, 3) if known else None
+    return out
+
+
+def _max_ms(lat: Latencies) -> float:
+    return max(lat.counts, default=0) / 1000.0
+
+
+class BulkWriter:
+    """The bulk writer: `python -m bookkeeper.bench.neighbour` in its own process, started per
+    phase; it prints one JSON line ({"adds", "seconds"}) when done."""
+
+    def __init__(self, uri: str, *, rate: float, size: int, seconds: float) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.bench.neighbour", "--uri", uri,
+                                      "--rate", str(rate), "--size", str(size), "--seconds", str(seconds)],
+                                     stdout=subprocess.PIPE, text=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ready(self) -> None:
+        """Until the writer has made its ledger and starts its load (it prints READY; a writer
+        that fails first exits, and its output ends)."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "READY":
+            self.proc.kill()
+            raise RuntimeError(f"the bulk writer did not start: {line!r}")
+
+    def result(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"the bulk writer failed (exit {self.proc.returncode})")
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+
+def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, bulk_size: int = 1024,
+                    sync: str = "io_uring") -> list[BenchResult]:
+    """The four phases of the module doc, one BenchResult each (the W=1 writer's latency,
+    or for the bulk peak the bulk writer's)."""
+    phase_s = seconds / 4
+    cluster = LocalCluster(tempfile.mkdtemp(prefix="neighbour-", dir=directory), bookies=3, shards=1,
+                           journal_sync=sync, bookie_conf=PRODUCTION_JOURNAL, http_ports=True)
+    cluster.start()
+    results: list[BenchResult] = []
+    try:
+        procs = cluster_processes(cluster)
+
+        def measure(name: str, bulk: BulkWriter | None, w1: bool, rate: float) -> dict[str, Any]:
+            watch = ProcessWatch(procs)  # the bulk writer reports its own CPU (it has exited by the end)
+            before_cpu, before = watch.cpu(), _scrape(cluster)
+            t0 = time.perf_counter()
+            lat = histogram()
+            n = 0
+            if w1:
+                n, _dt = uvloop.run(_service(cluster.metadata_uri, phase_s, lat))
+            bulk_out = bulk.result() if bulk else None
+            dt = time.perf_counter() - t0
+            fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shard_figures(before, _scrape(cluster)),
+                                   "cpu_percent": {k: v["cpu_percent"] for k, v in watch.per_op(before_cpu, 1, dt).items()}}
+            if bulk_out is not None:
+                fig["bulk_adds_per_s"] = round(bulk_out["adds"] / bulk_out["seconds"], 1)
+                fig["bulk_latency_ms"] = bulk_out["latency_ms"]
+                fig["bulk_cpu_percent"] = round(bulk_out["cpu_s"] / bulk_out["seconds"] * 100, 1)
+                if rate:
+                    fig["bulk_rate_target"] = rate
+                    fig["bulk_rate_kept"] = round(fig["bulk_adds_per_s"] / rate, 3)
+            fig["_lat"], fig["_n"], fig["_dt"] = lat, n, dt
+            return fig
+
+        def with_bulk(name: str, rate: float, w1: bool) -> dict[str, Any]:
+            # Beside the W=1 writer, the bulk load outlasts it (its connect and create included).
+            bulk = BulkWriter(cluster.metadata_uri, rate=rate, size=bulk_size,
+                              seconds=phase_s + (BULK_MARGIN_S if w1 else 0.0))
+            bulk.ready()
+            return measure(name, bulk, w1, rate)
+
+        peak = with_bulk("bulk peak", 0.0, False)
+        rate = bulk_rate or round(DEFAULT_RATE_SHARE * peak["bulk_adds_per_s"])
+        phases = [peak, measure("alone", None, True, 0.0), with_bulk("beside bulk at rate", rate, True),
+                  with_bulk("beside closed-loop bulk", 0.0, True)]
+        for fig in phases:
+            lat, n, dt = fig.pop("_lat"), fig.pop("_n"), fig.pop("_dt")
+            if fig["phase"] == "bulk peak":
+                results.append(BenchResult(f"neighbour: bulk {bulk_size} B closed loop alone", fig["bulk_adds_per_s"],
+                                           fig["bulk_adds_per_s"] * bulk_size / 1e6, fig["bulk_latency_ms"],
+                                           {**fig, "bulk_bytes": bulk_size}))
+                continue
+            results.append(BenchResult(f"neighbour: W=1 {SERVICE_BYTES} B, {fig['phase']}", n / dt,
+                                       n * SERVICE_BYTES / dt / 1e6, latency_ms(lat),
+                                       {**fig, "max_ms": _max_ms(lat), "bulk_bytes": bulk_size}))
+    finally:
+        cluster.stop()
+    return results
+
+
+async def _service(uri: str, seconds: float, lat: Latencies) -> tuple[int, float]:
+    """The W=1 writer: one ledger, one add in flight, for `seconds`."""
+    async with await BookKeeper.connect(uri) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        payload = os.urandom(SERVICE_BYTES)
+        try:
+            return await closed_loop([handle_adds(lh, "client")], payload, seconds, 1, lat)
+        finally:
+            await lh.close()
+
+
+async def _bulk(uri: str, rate: float, size: int, seconds: float) -> dict[str, Any]:
+    """The bulk writer's load: open loop at `rate` (add_entries_async of rate * BULK_TICK_S
+    entries every tick, latency from each batch's intended send time) or, rate 0, a closed
+    loop of BULK_WINDOW adds."""
+    lat = histogram()
+    async with await BookKeeper.connect(uri, max_outstanding_adds=1 << 20) as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        payload = os.urandom(size)
+        print("READY", flush=True)
+        cpu0 = _cpu_s()
+        if rate <= 0:
+            n, dt = await closed_loop([handle_adds(lh, "client")], payload, seconds, BULK_WINDOW, lat)
+        else:
+            n, dt = await _open_loop_batches(lh, payload, rate, seconds, lat)
+        cpu = _cpu_s() - cpu0
+        await lh.close()
+    return {"adds": n, "seconds": dt, "cpu_s": cpu, "latency_ms": latency_ms(lat)}
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def _open_loop_batches(lh: Any, payload: bytes, rate: float, seconds: float, lat: Latencies) -> tuple[int, float]:
+    perf = time.perf_counter
+    counts = lat.counts
+    pending: set[asyncio.Future[Any]] = set()
+    acked = 0
+    sent = 0
+    t0 = perf()
+
+    def done(t: float, k: int, f: asyncio.Future[Any]) -> None:
+        nonlocal acked
+        pending.discard(f)
+        if f.exception() is None:
+            counts[int((perf() - t) * 1e6)] += k
+            acked += k
+    tick = 0
+    while perf() - t0 < seconds:
+        due = int((tick + 1) * BULK_TICK_S * rate) - sent
+        if due > 0:
+            fut = lh.add_entries_async([payload] * due)
+            fut.add_done_callback(lambda f, t=t0 + tick * BULK_TICK_S, k=due: done(t, k, f))
+            pending.add(fut)
+            sent += due
+        tick += 1
+        await asyncio.sleep(max(0.0, t0 + tick * BULK_TICK_S - perf()))
+    if pending:
+        await asyncio.wait(list(pending), timeout=60)
+    return acked, perf() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The bulk writer's process (BulkWriter starts it)."""
+    p = argparse.ArgumentParser(prog="bookkeeper.bench.neighbour", description="the bulk writer of bk bench neighbour")
+    p.add_argument("--uri", required=True)
+    p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--seconds", type=float, required=True)
+    args = p.parse_args(argv)
+    out = uvloop.run(_bulk(args.uri, args.rate, args.size, args.seconds))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
