@@ -211,3 +211,47 @@ def test_finder_reads_one_stat_per_bucket_and_lists_only_changed_buckets(store: 
         _create(store, lid)  # the bucket made again: a fresh pzxid, never a stale listing
     gone, _ = find(a[1:] + [late, b[0]])
     assert gone == []
+
+
+def test_the_loop_stall_is_the_lag_less_the_threads_run_queue_wait() -> None:
+    """LoopLag's stall histogram: a loop held 60 ms by its own work, during which its thread
+    waited 45 ms for a CPU (as a run-queue reader says), records a lag of ~60 ms and a stall
+    of ~15 ms; a wait longer than the lag records no stall; and the default reader (this
+    thread's /proc schedstat) runs and moves monotonically."""
+    import asyncio
+    import time
+
+    from bookkeeper.bookie.metrics import LoopLag
+    from bookkeeper.metrics import LATENCY_BUCKETS_S
+
+    async def run(waits_ns: list[int]) -> tuple[Histogram, Histogram]:
+        lag, stall = Histogram(LATENCY_BUCKETS_S), Histogram(LATENCY_BUCKETS_S)
+        reads = iter(waits_ns)
+        probe = LoopLag(asyncio.get_running_loop(), lag, lambda: 1, period_s=0.01, stall=stall,
+                        runq_wait_ns=lambda: next(reads))
+        probe.start()
+        await asyncio.sleep(0.002)
+        time.sleep(0.07)  # the loop held until ~60 ms past the probe's due time
+        await asyncio.sleep(0.001)  # the late probe runs
+        probe.stop()
+        return lag, stall
+
+    lag, stall = asyncio.run(run([0, 45_000_000]))
+    assert sum(lag.snapshot()["counts"]) == sum(stall.snapshot()["counts"]) == 1
+    assert 0.055 <= lag.snapshot()["sum"] < 0.2
+    assert 0.01 <= stall.snapshot()["sum"] <= lag.snapshot()["sum"] - 0.045 + 1e-9
+    _lag, stall = asyncio.run(run([0, 500_000_000]))
+    assert stall.snapshot()["sum"] == 0.0
+
+    async def default_reader() -> tuple[int, int]:
+        probe = LoopLag(asyncio.get_running_loop(), Histogram(LATENCY_BUCKETS_S), lambda: 1,
+                        stall=Histogram(LATENCY_BUCKETS_S))
+        probe.start()
+        try:
+            first = probe._thread_runq_wait_ns()
+            return first, probe._thread_runq_wait_ns()
+        finally:
+            probe.stop()
+
+    first, second = asyncio.run(default_reader())
+    assert 0 <= first <= second

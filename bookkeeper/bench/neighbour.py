@@ -16,7 +16,8 @@ Per phase: the W=1 writer's p50/p99/p99.9/max, the bulk writer's rate (and, open
 share of its target it kept), CPU per process, and what the shards say of the same seconds
 from their own histograms (/metrics deltas, bucket upper bounds): add latency from arrival
 to durable response (p99), journal block write + fdatasync (p99), journal block bytes (p99)
-and the longest loop lag. Where the W=1 writer's time goes beyond the shard's p99 is the
+and the longest loop lag, with the longest stall of the loop's own making (the lag less
+the time its thread waited for a CPU: on this 2-core machine most of a lag). Where the W=1 writer's time goes beyond the shard's p99 is the
 client, the wire, or queueing before the shard's timestamps (a receive buffer behind the
 bulk writer's frames). Figures only; never asserted.
 """
@@ -47,6 +48,7 @@ BULK_TICK_S = 0.01  # the open-loop bulk writer sends one batch per tick
 BULK_MARGIN_S = 1.0  # the bulk load starts before and ends after the W=1 writer's phase
 DEFAULT_RATE_SHARE = 0.4  # --bulk-rate unset: this share of the measured bulk peak
 SERVICE_BYTES = 100
+LOOP_STALL = "bookkeeper_shard_loop_stall_seconds"  # the loop lag less its thread's run-queue wait
 SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
                     "journal_sync_p99_ms": "bookkeeper_journal_sync_latency_seconds",
                     "journal_block_p99_bytes": "bookkeeper_journal_batch_bytes"}
@@ -94,6 +96,8 @@ def shard_figures(before: list[Scrape], after: list[Scrape]) -> dict[str, float 
     lags = [loop_lag_max([b, a]) for b, a in zip(before, after)]
     known = [x for x in lags if x is not None]
     out["loop_lag_max_ms"] = round(max(known) * 1000, 3) if known else None
+    stall = histogram_quantile(first, last, LOOP_STALL, 1.0)
+    out["loop_stall_max_ms"] = None if stall is None else round(stall * 1000, 3)
     return out
 
 
@@ -132,12 +136,14 @@ class BulkWriter:
 
 
 def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, bulk_size: int = 1024,
-                    sync: str = "io_uring") -> list[BenchResult]:
+                    sync: str = "io_uring", bookie_conf: dict[str, Any] | None = None) -> list[BenchResult]:
     """The four phases of the module doc, one BenchResult each (the W=1 writer's latency,
-    or for the bulk peak the bulk writer's)."""
+    or for the bulk peak the bulk writer's). bookie_conf: bookie settings to compare (a
+    journal bound, pinning), over the bench's own."""
     phase_s = seconds / 4
     cluster = LocalCluster(tempfile.mkdtemp(prefix="neighbour-", dir=directory), bookies=3, shards=1,
-                           journal_sync=sync, bookie_conf=PRODUCTION_JOURNAL, http_ports=True)
+                           journal_sync=sync, bookie_conf={**PRODUCTION_JOURNAL, **(bookie_conf or {})},
+                           http_ports=True)
     cluster.start()
     results: list[BenchResult] = []
     try:

@@ -283,7 +283,8 @@ class Shard:
                     self.loop.create_task(self._every(self.cfg.tls_reload_interval_s, self._reload_trust))]
         counters = self.server.counters
         lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"],
-                      lambda: sum(n for op, n in counters.items() if isinstance(op, int)))  # requests, per op
+                      lambda: sum(n for op, n in counters.items() if isinstance(op, int)),  # requests, per op
+                      stall=self.server.histograms["shard_loop_stall_seconds"])
         lag.start()
         try:
             await self._stopping.wait()
