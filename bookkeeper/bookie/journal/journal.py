@@ -287,7 +287,9 @@ class Journal:
     def trim(self, mark_file_id: int) -> int:
         """Retire journal files wholly before the checkpoint mark into the reuse pool (while it
         has room and pooling is on, format 2 only), else delete them; returns how many were
-        retired."""
+        retired. May run in a worker thread while the loop rolls: it touches only files before
+        the mark (never the file in use, whose id is the highest), and a roll takes a pooled
+        file whole (a rename) or not at all."""
         removed = 0
         pooled = len(self.pool())
         for fid in self.file_ids():
