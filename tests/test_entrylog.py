@@ -104,3 +104,16 @@ def test_nothing_to_encode_is_empty() -> None:
     """An empty checkpoint gathers nothing and has nothing to lay out."""
     batch = _sorted({})
     assert batch.remaining == 0
+
+
+def test_arguments_that_would_spin_a_flush_are_refused() -> None:
+    """A non-positive gather limit or max_entries would make no progress (a caller's loop
+    would spin): refused."""
+    batch = SortedEntries({(1, 0): b"x"})
+    with pytest.raises(ValueError, match="positive limit"):
+        batch.gather(0)
+    assert batch.gather(1) is False and batch.gather(1) is True
+    batch.sort()
+    with pytest.raises(ValueError, match="positive max_entries"):
+        batch.encode(1, 0, 1 << 20, 0)
+    assert batch.remaining == 1

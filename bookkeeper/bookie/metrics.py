@@ -183,15 +183,24 @@ class LoopLag:
             try:
                 self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
                 self._runq_wait_ns = self._thread_runq_wait_ns
-            except OSError:
-                self.stall = None  # no schedstat (a kernel without it): the lag alone
-        if self._runq_wait_ns is not None:
+                self._waited = self._runq_wait_ns()
+            except (OSError, ValueError, IndexError):
+                self._stop_stall()  # no schedstat (a kernel without it): the lag alone
+        elif self._runq_wait_ns is not None:
             self._waited = self._runq_wait_ns()
         self._arm(time.monotonic(), self.period_s)
 
     def _thread_runq_wait_ns(self) -> int:
         """The loop thread's time on a run queue, waiting for a CPU (schedstat's second field)."""
         return int(os.pread(self._schedstat, 128, 0).split()[1])
+
+    def _stop_stall(self) -> None:
+        """No more stall figures (schedstat unreadable, or the probe stopped); the lag goes on."""
+        self.stall = None
+        if self._schedstat >= 0:
+            os.close(self._schedstat)
+            self._schedstat = -1
+            self._runq_wait_ns = None
 
     def _arm(self, now: float, period_s: float) -> None:
         self._due = now + period_s
@@ -202,9 +211,13 @@ class LoopLag:
         lag = max(0.0, now - self._due)
         self.histogram.observe(lag)
         if self.stall is not None and self._runq_wait_ns is not None:
-            waited = self._runq_wait_ns()
-            self.stall.observe(max(0.0, lag - (waited - self._waited) / 1e9))
-            self._waited = waited
+            try:
+                waited = self._runq_wait_ns()
+            except (OSError, ValueError, IndexError):
+                self._stop_stall()
+            else:
+                self.stall.observe(max(0.0, lag - (waited - self._waited) / 1e9))
+                self._waited = waited
         seen = self.activity()
         if seen != self._seen:
             self._seen, self._active_at = seen, now
@@ -214,9 +227,7 @@ class LoopLag:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._schedstat >= 0:
-            os.close(self._schedstat)
-            self._schedstat = -1
+        self._stop_stall()
 
 
 def families(snapshots: Mapping[int, Mapping[str, Any]]) -> Iterator[Metric]:

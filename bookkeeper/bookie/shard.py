@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import ctypes
 import ctypes.util
 import fcntl
@@ -36,7 +37,7 @@ from bookkeeper.bookie.journal.syncer import AckBeforeSyncSyncer, Syncer
 from bookkeeper.bookie.server import BookieProtocol, PeerBounds, ShardServer
 from bookkeeper.bookie.state import disk_usage, journal_space
 from bookkeeper.bookie.storage import LedgerStorage
-from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES
+from bookkeeper.bookie.storage.ledger_storage import ENTRY_OVERHEAD_BYTES, Snapshot
 from bookkeeper.bookie.trust import shard_trust
 from bookkeeper.config import BookieConfig
 from bookkeeper.meta.zk import ZkMetadataStore
@@ -62,11 +63,16 @@ def apply_records(storage: LedgerStorage, records: list[Record]) -> None:
 
 
 async def checkpoint(loop: asyncio.AbstractEventLoop, storage: LedgerStorage, journal: Journal,
-                     server: ShardServer) -> int:
+                     server: ShardServer, retire: concurrent.futures.Executor | None = None) -> int:
     """One checkpoint: the write cache flushed to the entry log + index (off the loop), then
     the journal files before the mark dropped; returns the entry bytes flushed. A failed flush
     loses nothing: the cache is kept, the journal is not trimmed, the next checkpoint retries.
-    One implementation for the shard process and the simulator (bookkeeper/testing/sim)."""
+    One implementation for the shard process and the simulator (bookkeeper/testing/sim).
+
+    `retire`: the executor that then trims the journal and frees the flushed entries
+    (retire_flushed) while this returns at once, so the next checkpoint (and the senders its
+    snapshot releases from backpressure) never waits for them; one thread, so trims run one
+    at a time and in order. None (the simulator): the same job, awaited."""
     mark = journal.position()
     nbytes = storage.write_cache_bytes - ENTRY_OVERHEAD_BYTES * len(storage.write_cache)
     snap = storage.snapshot()
@@ -77,12 +83,28 @@ async def checkpoint(loop: asyncio.AbstractEventLoop, storage: LedgerStorage, jo
         storage.flush_failed(snap)
         raise
     storage.flush_done(snap)
-    # Off the loop: renaming and unlinking journal files waits on a busy disk (21-76 ms per
-    # trim measured on the loop beside bulk traffic, a stall every connection of the shard
-    # waited out). A roll meanwhile takes from the pool what the trim has already put there.
-    await loop.run_in_executor(None, journal.trim, mark[0])
-    await loop.run_in_executor(None, snap.release)
+    job = loop.run_in_executor(retire, retire_flushed, journal, mark[0], snap)
+    if retire is None:
+        await job
+    else:
+        job.add_done_callback(_retire_done)
     return nbytes
+
+
+def retire_flushed(journal: Journal, mark_file_id: int, snap: Snapshot) -> None:
+    """After a checkpoint committed, in a worker thread: the journal files before its mark
+    trimmed, then its entries freed (Snapshot.release). Off the loop: a trim's renames and
+    unlinks wait on a busy disk (21-76 ms each measured on the loop beside bulk traffic, a
+    stall every connection of the shard waited out); a roll meanwhile takes from the pool
+    what the trim has already put there."""
+    journal.trim(mark_file_id)
+    snap.release()
+
+
+def _retire_done(job: asyncio.Future[None]) -> None:
+    if not job.cancelled() and job.exception() is not None:
+        log.error("retiring a committed checkpoint's journal files failed (the next checkpoint trims them): %s",
+                  job.exception())
 
 
 SWITCH_INTERVAL_S = 0.001  # the shard process's GIL switch interval (main says why)
@@ -128,6 +150,8 @@ class Shard:
         self.server.journal = self.journal
         self.journal.observe_batch = self._observe_batch
         self._checkpointing: asyncio.Task[None] | None = None
+        # Trims the journal and frees the entries after each checkpoint (checkpoint() says why).
+        self._retire = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="retire")
         self._stopping = asyncio.Event()
         self._meta: ZkMetadataStore | None = None  # for garbage collection only
         self.failed: str | None = None  # why this shard can make nothing durable any more
@@ -252,7 +276,7 @@ class Shard:
         """Flush the write cache to the entry log + index, then drop journal files before the mark."""
         t0 = time.monotonic()
         try:
-            nbytes = await checkpoint(self.loop, self.storage, self.journal, self.server)
+            nbytes = await checkpoint(self.loop, self.storage, self.journal, self.server, self._retire)
         except BaseException:
             self.counters["checkpoint_failures"] += 1
             raise
@@ -305,6 +329,7 @@ class Shard:
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
         await self.checkpoint()
+        await self.loop.run_in_executor(None, self._retire.shutdown)  # its last trim done
         self.journal.close()
         self.syncer.close()
         self.storage.close()

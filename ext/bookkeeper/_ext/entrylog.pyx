@@ -61,7 +61,10 @@ cdef class SortedEntries:
 
     Use: `gather(n)` until it returns True (each call reads up to n more entries of the dict,
     leaving out the ledgers in `skip`; the dict must not change meanwhile: a change of its
-    size is an error), `sort()` once (without the GIL), then `encode(...)` while `remaining`.
+    size is an error, a change that keeps its size is not seen: the snapshot flushed is
+    never written to), `sort()` once (without the GIL), then `encode(...)` while
+    `remaining`. An encode that raised (no memory) leaves the batch unusable: its caller's
+    flush fails and the snapshot's dict, which still holds every entry, is put back.
     """
 
     cdef dict _entries
@@ -73,6 +76,7 @@ cdef class SortedEntries:
     cdef Py_ssize_t _next  # the first entry not yet encoded
     cdef bint _gathered
     cdef bint _sorted
+    cdef bint _broken  # an encode raised part-way: entries it laid out are gone from _items
 
     def __cinit__(self, dict entries not None, skip=None):
         self._entries = entries
@@ -96,6 +100,8 @@ cdef class SortedEntries:
         cdef Py_ssize_t taken = 0
         cdef object skip = self._skip
         cdef tuple pair
+        if limit <= 0:
+            raise ValueError("gather needs a positive limit")
         if len(self._entries) != self._size:
             raise RuntimeError("the entries changed while they were gathered")
         while taken < limit and PyDict_Next(self._entries, &self._dict_pos, &key, &value):
@@ -135,6 +141,10 @@ cdef class SortedEntries:
         """
         if not self._sorted:
             raise RuntimeError("encode before sort")
+        if self._broken:
+            raise RuntimeError("encode after an encode that failed")
+        if max_entries <= 0:
+            raise ValueError("encode needs a positive max_entries")
         cdef Py_ssize_t start = self._next
         cdef Py_ssize_t stop = start
         cdef Py_ssize_t total = 0
@@ -152,6 +162,7 @@ cdef class SortedEntries:
         cdef uint64_t lid
         cdef int64_t eid
         cdef bytes k, v, data
+        self._broken = True  # until every entry of this chunk is laid out
         for i in range(start, stop):
             lid = self._items[i].ledger_id
             eid = self._items[i].entry_id
@@ -177,4 +188,5 @@ cdef class SortedEntries:
                 per[lid] = run  # sorted: a ledger's entries of this chunk are one run
                 run = 0
         self._next = stop
+        self._broken = False
         return out, index, pos + total, per
