@@ -204,6 +204,7 @@ def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path)
         assert set(r["shards"]) == {"add_p99_ms", "journal_sync_p99_ms", "journal_block_p99_bytes", "loop_lag_max_ms",
                                     "loop_stall_max_ms"}
         assert r["shards"]["loop_stall_max_ms"] <= r["shards"]["loop_lag_max_ms"]
+        assert 0 <= r["client_loop_stall_max_ms"] <= r["client_loop_lag_max_ms"]
         assert r["shards"]["add_p99_ms"] > 0 and r["shards"]["journal_block_p99_bytes"] > 0
         assert any(k.startswith("client[") for k in r["cpu_percent"]) and sum(k.count("-shard[") for k in r["cpu_percent"]) == 3
     assert "bulk_adds_per_s" not in rows["alone"]

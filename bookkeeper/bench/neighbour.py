@@ -19,7 +19,9 @@ to durable response (p99), journal block write + fdatasync (p99), journal block 
 and the longest loop lag, with the longest stall of the loop's own making (the lag less
 the time its thread waited for a CPU: on this 2-core machine most of a lag). Where the W=1 writer's time goes beyond the shard's p99 is the
 client, the wire, or queueing before the shard's timestamps (a receive buffer behind the
-bulk writer's frames). Figures only; never asserted.
+bulk writer's frames). The W=1 writer's own loop is probed the same way (its longest lag,
+and of it the longest not spent waiting for a CPU): the client's part. Figures only;
+never asserted.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ import uvloop
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
 from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
 from bookkeeper.bench.ledgers import Scrape, loop_lag_max, parse_metrics
+from bookkeeper.bookie.metrics import Histogram, LoopLag
+from bookkeeper.metrics import LATENCY_BUCKETS_S
 from bookkeeper.client import BookKeeper
 from bookkeeper.testing.cluster import LocalCluster
 
@@ -48,6 +52,9 @@ BULK_TICK_S = 0.01  # the open-loop bulk writer sends one batch per tick
 BULK_MARGIN_S = 1.0  # the bulk load starts before and ends after the W=1 writer's phase
 DEFAULT_RATE_SHARE = 0.4  # --bulk-rate unset: this share of the measured bulk peak
 SERVICE_BYTES = 100
+# The W=1 writer's first adds open its connections to the bookies (beside bulk traffic that
+# took 0.1-0.7 s, the phase's max): sent before the measured ones.
+WARM_UP_ADDS = 10
 LOOP_STALL = "bookkeeper_shard_loop_stall_seconds"  # the loop lag less its thread's run-queue wait
 SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
                     "journal_sync_p99_ms": "bookkeeper_journal_sync_latency_seconds",
@@ -155,11 +162,13 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
             t0 = time.perf_counter()
             lat = histogram()
             n = 0
+            client: dict[str, float] = {}
             if w1:
-                n, _dt = uvloop.run(_service(cluster.metadata_uri, phase_s, lat))
+                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat))
             bulk_out = bulk.result() if bulk else None
             dt = time.perf_counter() - t0
             fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shard_figures(before, _scrape(cluster)),
+                                   **client,
                                    "cpu_percent": {k: v["cpu_percent"] for k, v in watch.per_op(before_cpu, 1, dt).items()}}
             if bulk_out is not None:
                 fig["bulk_adds_per_s"] = round(bulk_out["adds"] / bulk_out["seconds"], 1)
@@ -197,15 +206,39 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
     return results
 
 
-async def _service(uri: str, seconds: float, lat: Latencies) -> tuple[int, float]:
-    """The W=1 writer: one ledger, one add in flight, for `seconds`."""
-    async with await BookKeeper.connect(uri) as bk:
-        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
-        payload = os.urandom(SERVICE_BYTES)
-        try:
-            return await closed_loop([handle_adds(lh, "client")], payload, seconds, 1, lat)
-        finally:
-            await lh.close()
+class _Max(Histogram):
+    """A histogram that also keeps its largest observation (the client's loop probe)."""
+
+    def __init__(self) -> None:
+        super().__init__(LATENCY_BUCKETS_S)
+        self.max = 0.0
+
+    def observe(self, value: float) -> None:
+        super().observe(value)
+        self.max = max(self.max, value)
+
+
+async def _service(uri: str, seconds: float, lat: Latencies) -> tuple[int, float, dict[str, float]]:
+    """The W=1 writer: one ledger, one add in flight, for `seconds`. Also how late its own
+    loop ran (the shards' probe, LoopLag, every 10 ms): the longest lag, and of it the longest
+    not spent waiting for a CPU, in ms: the client's part of a slow add."""
+    lag, stall = _Max(), _Max()
+    probe = LoopLag(asyncio.get_running_loop(), lag, time.monotonic_ns, stall=stall)  # always active
+    probe.start()
+    try:
+        async with await BookKeeper.connect(uri) as bk:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            payload = os.urandom(SERVICE_BYTES)
+            try:
+                for _ in range(WARM_UP_ADDS):  # connections to the bookies made, not measured
+                    await lh.add_entry(payload)
+                n, dt = await closed_loop([handle_adds(lh, "client")], payload, seconds, 1, lat)
+            finally:
+                await lh.close()
+    finally:
+        probe.stop()
+    return n, dt, {"client_loop_lag_max_ms": round(lag.max * 1000, 3),
+                   "client_loop_stall_max_ms": round(stall.max * 1000, 3)}
 
 
 async def _bulk(uri: str, rate: float, size: int, seconds: float) -> dict[str, Any]:
