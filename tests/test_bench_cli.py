@@ -214,6 +214,16 @@ def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path)
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
 
 
+@pytest.mark.parametrize("args, said", [(["--bulk-rate", "-1"], "--bulk-rate must be >= 0"),
+                                        (["--bulk-size", "0"], "--bulk-size must be >= 1")])
+def test_bench_neighbour_refuses_bad_numbers_before_starting_a_cluster(tmp_path: Path, args: list[str],
+                                                                       said: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "bookkeeper.cli.main", "bench", "neighbour", *args,
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr
+    assert not [d for d in tmp_path.rglob("*") if d.is_dir() and "neighbour-" in d.name]
+
+
 def test_histogram_quantile_reads_bucket_deltas_summed_over_shards() -> None:
     """A histogram's quantile between two scrapes: the observations made between them, every
     shard's series summed; the smallest bucket bound holding that share; None when none."""

@@ -114,7 +114,8 @@ def _max_ms(lat: Latencies) -> float:
 
 class BulkWriter:
     """The bulk writer: `python -m bookkeeper.bench.neighbour` in its own process, started per
-    phase; it prints one JSON line ({"adds", "seconds"}) when done."""
+    phase; it prints READY once its ledger is made, and one JSON line ({"adds", "seconds",
+    "cpu_s", "latency_ms"}) when done."""
 
     def __init__(self, uri: str, *, rate: float, size: int, seconds: float) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "bookkeeper.bench.neighbour", "--uri", uri,

@@ -601,6 +601,14 @@ def _handle_driver(args: argparse.Namespace) -> str:
     return args.driver or "client"
 
 
+def _check_neighbour(args: argparse.Namespace) -> None:
+    """bench neighbour's own numbers, refused before a cluster is started."""
+    if args.bulk_rate < 0:
+        raise UsageError(f"--bulk-rate must be >= 0 (0: 40% of the measured peak), got {args.bulk_rate}")
+    if args.bulk_size < 1:
+        raise UsageError(f"--bulk-size must be >= 1, got {args.bulk_size}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark family; a table for people, one JSON object with --json."""
     if args.bench == "ledgers":
@@ -647,6 +655,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                        sync=args.sync)
             elif args.bench == "neighbour":
                 from bookkeeper.bench.neighbour import neighbour_bench
+                _check_neighbour(args)
                 results = neighbour_bench(str(work), seconds=args.seconds, bulk_rate=args.bulk_rate,
                                           bulk_size=args.bulk_size, sync=args.sync)
             elif args.bench == "cluster":
