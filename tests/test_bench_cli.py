@@ -227,8 +227,7 @@ def test_bench_neighbour_refuses_bad_numbers_before_starting_a_cluster(tmp_path:
 def test_histogram_quantile_reads_bucket_deltas_summed_over_shards() -> None:
     """A histogram's quantile between two scrapes: the observations made between them, every
     shard's series summed; the smallest bucket bound holding that share; None when none."""
-    from bookkeeper.bench.ledgers import parse_metrics
-    from bookkeeper.bench.neighbour import histogram_quantile
+    from bookkeeper.bench.ledgers import histogram_quantile, parse_metrics
 
     name = "bookkeeper_add_entry_latency_seconds"
 

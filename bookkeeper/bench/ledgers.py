@@ -156,6 +156,21 @@ def parse_metrics(text: str) -> Scrape:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def histogram_quantile(first: Scrape, last: Scrape, family: str, q: float) -> float | None:
+    """The q-quantile of a histogram over the observations made between two scrapes, summed
+    over every series (shard): the smallest bucket bound holding that share of them (an upper
+    bound, as Prometheus buckets allow). None when nothing was observed."""
+    grew: dict[float, float] = {}
+    for key, v in last.items():
+        if key[0] == family + "_bucket":
+            le = float(dict(key[1])["le"])
+            grew[le] = grew.get(le, 0.0) + v - first.get(key, 0.0)
+    total = grew.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    return min(le for le, n in grew.items() if n >= q * total)
+
+
 def loop_lag_max(scrapes: Sequence[Scrape]) -> float | None:
     """The largest shard loop lag (seconds) seen over a phase's scrapes (the first taken at its
     start, the last at its end), or None when the bookies do not export it. A gauge (or its
@@ -166,16 +181,7 @@ def loop_lag_max(scrapes: Sequence[Scrape]) -> float | None:
         return max(gauges)
     if len(scrapes) < 2:
         return None
-    first, last = scrapes[0], scrapes[-1]
-    grew: dict[float, float] = {}
-    for key, v in last.items():
-        if key[0] == LOOP_LAG + "_bucket":
-            le = float(dict(key[1])["le"])
-            grew[le] = grew.get(le, 0.0) + v - first.get(key, 0.0)
-    if not grew or grew.get(float("inf"), 0.0) <= 0:
-        return None
-    total = grew[float("inf")]
-    return min(le for le, n in grew.items() if n >= total)
+    return histogram_quantile(scrapes[0], scrapes[-1], LOOP_LAG, 1.0)
 
 
 def shard_sum(answers: Sequence[dict[str, Any]], key: str) -> float | None:

@@ -34,14 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from typing import Any
 
 import uvloop
 
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
 from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
-from bookkeeper.bench.ledgers import Scrape, loop_lag_max, parse_metrics
+from bookkeeper.bench.ledgers import LOOP_LAG, Scrape, histogram_quantile, parse_metrics
+from bookkeeper.bookie.admin_client import admin_request
 from bookkeeper.bookie.metrics import Histogram, LoopLag
 from bookkeeper.metrics import LATENCY_BUCKETS_S
 from bookkeeper.client import BookKeeper
@@ -61,27 +61,9 @@ SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
                     "journal_block_p99_bytes": "bookkeeper_journal_batch_bytes"}
 
 
-def histogram_quantile(first: Scrape, last: Scrape, family: str, q: float) -> float | None:
-    """The q-quantile of a histogram over the observations made between two scrapes, summed
-    over every series (shard): the smallest bucket bound holding that share of them (an upper
-    bound, as Prometheus buckets allow). None when nothing was observed."""
-    grew: dict[float, float] = {}
-    for key, v in last.items():
-        if key[0] == family + "_bucket":
-            le = float(dict(key[1])["le"])
-            grew[le] = grew.get(le, 0.0) + v - first.get(key, 0.0)
-    total = grew.get(float("inf"), 0.0)
-    if total <= 0:
-        return None
-    return min(le for le, n in grew.items() if n >= q * total)
-
-
 def _scrape(cluster: LocalCluster) -> list[Scrape]:
-    out = []
-    for b in cluster.bookies:
-        with urllib.request.urlopen(f"http://{b.address}:{b.http_port}/metrics", timeout=30) as r:
-            out.append(parse_metrics(r.read().decode()))
-    return out
+    return [parse_metrics(admin_request(f"{b.address}:{b.http_port}", "GET", "/metrics", timeout_s=30.0))
+            for b in cluster.bookies]
 
 
 def _merged(scrapes: list[Scrape]) -> Scrape:
@@ -100,11 +82,9 @@ def shard_figures(before: list[Scrape], after: list[Scrape]) -> dict[str, float 
     for name, family in SHARD_HISTOGRAMS.items():
         v = histogram_quantile(first, last, family, 0.99)
         out[name] = None if v is None else (round(v * 1000, 3) if name.endswith("_ms") else v)
-    lags = [loop_lag_max([b, a]) for b, a in zip(before, after)]
-    known = [x for x in lags if x is not None]
-    out["loop_lag_max_ms"] = round(max(known) * 1000, 3) if known else None
-    stall = histogram_quantile(first, last, LOOP_STALL, 1.0)
-    out["loop_stall_max_ms"] = None if stall is None else round(stall * 1000, 3)
+    for name, family in (("loop_lag_max_ms", LOOP_LAG), ("loop_stall_max_ms", LOOP_STALL)):
+        v = histogram_quantile(first, last, family, 1.0)
+        out[name] = None if v is None else round(v * 1000, 3)
     return out
 
 
@@ -185,8 +165,12 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
             # Beside the W=1 writer, the bulk load outlasts it (its connect and create included).
             bulk = BulkWriter(cluster.metadata_uri, rate=rate, size=bulk_size,
                               seconds=phase_s + (BULK_MARGIN_S if w1 else 0.0))
-            bulk.ready()
-            return measure(name, bulk, w1, rate)
+            try:
+                bulk.ready()
+                return measure(name, bulk, w1, rate)
+            finally:
+                bulk.proc.kill()  # gone already unless the phase failed: never left running
+                bulk.proc.wait()
 
         peak = with_bulk("bulk peak", 0.0, False)
         rate = bulk_rate or round(DEFAULT_RATE_SHARE * peak["bulk_adds_per_s"])

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, SortedEntries
+from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES
 from bookkeeper.bookie.files import fsync_dir
-from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, FLUSH_SLICE_ENTRIES, LogInfo, read_records
+from bookkeeper.bookie.storage.entrylog import (_IDX_KEY, _IDX_VAL, _LOG_KEY, FLUSH_SLICE_ENTRIES, LogInfo, read_records,
+                                               sorted_entries)
 
 if TYPE_CHECKING:
     from bookkeeper.bookie.storage.ledger_storage import LedgerStorage
@@ -133,10 +134,7 @@ class Compactor:
                old: dict[bytes, bytes]) -> list[tuple[bytes, bytes, bytes, int, int]]:
         st = self.st
         out = []
-        entries = SortedEntries(batch)
-        while not entries.gather(FLUSH_SLICE_ENTRIES):
-            pass
-        entries.sort()
+        entries = sorted_entries(batch)
         with st._flush_lock:
             while entries.remaining:
                 if st._log_pos >= st.entry_log_max_bytes:

@@ -13,6 +13,8 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookkeeper._ext.entrylog import SortedEntries
+
 LOG_MAGIC = b"BKELOG01"
 _IDX_KEY = struct.Struct(">QQ")  # entry ids stored are >= 0
 _IDX_VAL = struct.Struct(">IQI")  # log id, offset of the data, length (records: _ext/entrylog.pyx)
@@ -23,6 +25,16 @@ _REC_HEAD = struct.Struct(">IQq")
 # Entries gathered, or laid out and indexed, per GIL-held step of a flush or a compaction copy
 # (SortedEntries): ~0.5-1 ms each here, what the shard's loop may wait for one (issue 28).
 FLUSH_SLICE_ENTRIES = 4096
+
+
+def sorted_entries(entries: dict[tuple[int, int], bytes], skip: Container[int] | None = None) -> SortedEntries:
+    """entries (but the ledgers in skip) gathered a slice at a time and sorted, ready to
+    encode: the GIL changes hands between slices (worker threads: flush, compaction)."""
+    batch = SortedEntries(entries, skip)
+    while not batch.gather(FLUSH_SLICE_ENTRIES):
+        pass
+    batch.sort()
+    return batch
 
 
 @dataclass(frozen=True, slots=True)

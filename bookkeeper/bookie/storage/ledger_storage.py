@@ -21,7 +21,8 @@ What a checkpoint costs is what changed (issue 26): the states it writes are tho
 ledgers created, handed out (`ledger()`: the server fences them, raises their LAC) or added
 to since the last one (an add raises lac and last_entry: put_entry puts the ledger in the
 dirty set, the C add path does once per checkpoint, `LedgerState.in_dirty`), each compared
-with what LMDB holds; not a walk of every ledger held, nor of the entries cached. `Snapshot.examined` says how many it compared. What LMDB
+with what LMDB holds; not a walk of every ledger held, nor of the entries cached.
+`Snapshot.examined` says how many it compared. What LMDB
 holds of a ledger is remembered on its LedgerState (`mark_saved`, set when a checkpoint that
 wrote it is done), so a ledger deleted and made again is written whatever its deleted
 incarnation's row held.
@@ -71,11 +72,12 @@ from pathlib import Path
 
 import lmdb
 
-from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, SortedEntries
+from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES
 from bookkeeper._ext.shardpath import LedgerState
 from bookkeeper.bookie.files import fsync_dir
 from bookkeeper.bookie.storage.compaction import CompactionResult, Compactor
-from bookkeeper.bookie.storage.entrylog import _IDX_KEY, _IDX_VAL, _LOG_KEY, FLUSH_SLICE_ENTRIES, LOG_MAGIC, LogInfo
+from bookkeeper.bookie.storage.entrylog import (_IDX_KEY, _IDX_VAL, _LOG_KEY, FLUSH_SLICE_ENTRIES, LOG_MAGIC, LogInfo,
+                                               sorted_entries)
 from bookkeeper.meta.zk import BUCKET_SPAN
 
 log = logging.getLogger(__name__)
@@ -488,10 +490,7 @@ class LedgerStorage:
                 self._delete_in(txn, lid)
             # The index goes into the transaction chunk by chunk, but it commits only after the
             # entry logs' fdatasync: the index never points past durable entry-log bytes.
-            batch = SortedEntries(snapshot.entries, snapshot.dropped)
-            while not batch.gather(FLUSH_SLICE_ENTRIES):
-                pass
-            batch.sort()
+            batch = sorted_entries(snapshot.entries, snapshot.dropped)
             infos = {}
             if batch.remaining:
                 written: dict[int, tuple[Path, dict[int, int], int]] = {}

@@ -1,5 +1,5 @@
 """Entry-log records (bookkeeper/bookie/storage/entrylog.py read_records, which compaction and
-recovery read entry logs with; the records laid out by SortedEntries in
+recovery read entry logs with; the records laid out by SortedEntries (sorted_entries) in
 ext/bookkeeper/_ext/entrylog.pyx): a log's bytes after a crash or on a damaged disk.
 
 Input: the log's bytes after its magic, up to its committed size. Properties: every record
@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES, SortedEntries
-from bookkeeper.bookie.storage.entrylog import _IDX_VAL, LOG_MAGIC, read_records
+from bookkeeper._ext.entrylog import RECORD_HEADER_BYTES
+from bookkeeper.bookie.storage.entrylog import _IDX_VAL, LOG_MAGIC, read_records, sorted_entries
 
 _DIR = Path(tempfile.mkdtemp(prefix="fuzz-entrylog-"))
 _LOG = _DIR / "0.log"
@@ -24,9 +24,7 @@ atexit.register(shutil.rmtree, _DIR, True)
 
 def _encode(entries: dict[tuple[int, int], bytes], pos: int) -> tuple[bytes, list[tuple[bytes, bytes]], int]:
     """entries laid out as one chunk of records from log offset pos (log 1)."""
-    batch = SortedEntries(entries)
-    batch.gather(len(entries) + 1)
-    batch.sort()
+    batch = sorted_entries(entries)
     if not batch.remaining:
         return b"", [], pos
     out, index, end, _per = batch.encode(1, pos, 1 << 30, 1 << 30)
