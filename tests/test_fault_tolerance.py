@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -277,13 +278,18 @@ def test_reads_of_a_closed_ledger_follow_a_bookie_that_registered_again(cluster)
     cluster.wait_sessions_live()
 
 
-def test_a_hung_bookie_is_replaced_although_the_others_ack_without_it(cluster) -> None:
+def test_a_hung_bookie_is_replaced_although_the_others_ack_without_it(cluster, caplog) -> None:  # noqa: ANN001
     """3/3/2: with a bookie of the ensemble hung, every entry is acknowledged by the other two
     before the hung one's add times out. The timeout must still replace it (as Apache BookKeeper
     does at the first failed write, acknowledged or not), or the writer keeps Qw - 1 copies of
     every entry and meets the next failure without a spare. The writer never errs and every
-    entry reads back."""
+    entry reads back.
+
+    The add timeout is 3 s: at 1 s a healthy bookie's add timed out too on a loaded CI
+    machine (stop 37: three ensemble changes), a true replacement this test cannot tell from
+    a spurious one. The failure message names every replacement and why."""
     _heal(cluster)
+    caplog.set_level(logging.INFO, logger="bookkeeper.client")
 
     async def writer(lh, acked: list[int], stop: asyncio.Event) -> None:  # noqa: ANN001
         i = 0
@@ -293,7 +299,7 @@ def test_a_hung_bookie_is_replaced_although_the_others_ack_without_it(cluster) -
             await asyncio.sleep(0.02)
 
     async def main() -> None:
-        async with await BookKeeper.connect(cluster.metadata_uri, placement="random", add_timeout_s=1.0) as bk:
+        async with await BookKeeper.connect(cluster.metadata_uri, placement="random", add_timeout_s=3.0) as bk:
             lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2, password=b"g")
             acked: list[int] = []
             stop = asyncio.Event()
@@ -312,7 +318,10 @@ def test_a_hung_bookie_is_replaced_although_the_others_ack_without_it(cluster) -
                 hung.resume()
             await lh.close()
             assert acked == list(range(len(acked)))
-            assert bk.stats["ensemble_changes"] == 1, bk.stats["ensemble_changes"]
+            replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()
+                        or "ensemble changed" in r.getMessage()]
+            assert bk.stats["ensemble_changes"] == 1, (hung_id, lh.metadata.ensembles, replaced)
+            assert any(f"bookie {hung_id} failed" in m for m in replaced), replaced
             assert len(lh.metadata.ensembles) == 2 and hung_id not in lh.metadata.last_ensemble
             rh = await bk.open_ledger(lh.ledger_id, password=b"g")
             assert [e.data for e in await rh.read(0, len(acked) - 1)] == [b"g%d" % i for i in range(len(acked))]
