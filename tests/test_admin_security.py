@@ -48,6 +48,7 @@ writer = ["write"]
     ("GET", "/api/v1/autorecovery/status", "read"), ("GET", "/nope", "read"),
     ("POST", "/api/v1/bookie/gc", "admin"), ("PUT", "/api/v1/bookie/gc", "admin"),
     ("PUT", "/api/v1/bookie/state/readonly", "admin"), ("DELETE", "/api/v1/bookie/state", "admin"),
+    ("GET", "/api/v1/bookie/add_trace", "read"), ("POST", "/api/v1/bookie/add_trace", "admin"),
 ])
 def test_the_role_a_request_needs(method: str, path: str, role: str | None) -> None:
     assert required_role(method, path) == role
@@ -357,11 +358,15 @@ def test_reading_state_needs_the_read_role(cluster: LocalCluster, bookie: LocalB
     assert raw(bookie, ctx, "GET", "/api/v1/autorecovery/status", token=cluster.token("stranger"))[0] == 403
     assert raw(bookie, ctx, "GET", "/nope", token=cluster.token("viewer"))[0] == 404
     assert raw(bookie, ctx, "GET", "/api/v1/bookie/gc", token=cluster.token("viewer"))[0] == 405
+    # An add trace is read with `read`, started only with `admin` (it makes shards keep records).
+    assert raw(bookie, ctx, "GET", "/api/v1/bookie/add_trace", token=cluster.token("viewer"))[0] == 200
+    status, _, body = raw(bookie, ctx, "POST", "/api/v1/bookie/add_trace", token=cluster.token("viewer"))
+    assert (status, body.get("role")) == (403, "admin")
     status, _, info = raw(bookie, ctx, "GET", "/api/v1/bookie/info", token=cluster.token("viewer"))
     assert status == 200 and info["bookie_id"] == bookie.bookie_id
     after = refused(cluster, bookie, pki)
     assert after["no_credential"] - before["no_credential"] == 2
-    assert after["forbidden"] - before["forbidden"] == 3
+    assert after["forbidden"] - before["forbidden"] == 4
 
 
 def test_one_forced_gc_at_a_time_with_admin_tokens(cluster: LocalCluster, bookie: LocalBookie,

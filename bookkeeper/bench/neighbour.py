@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import resource
@@ -41,6 +42,7 @@ import uvloop
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
 from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
 from bookkeeper.bench.ledgers import LOOP_LAG, Scrape, histogram_quantile, parse_metrics
+from bookkeeper.bookie.admin import ADD_TRACE_PATH
 from bookkeeper.bookie.admin_client import admin_request
 from bookkeeper.bookie.metrics import Histogram, LoopLag
 from bookkeeper.metrics import LATENCY_BUCKETS_S
@@ -55,6 +57,8 @@ SERVICE_BYTES = 100
 # The W=1 writer's first adds open its connections to the bookies (beside bulk traffic that
 # took 0.1-0.7 s, the phase's max): sent before the measured ones.
 WARM_UP_ADDS = 10
+TRACE_MARGIN_S = 10.0  # an add trace outlasts the W=1 phase by this (its adds' answers, the reading)
+SEGMENTS = ("to_shard", "queued", "sync", "answer", "to_client")  # add_breakdown's, in order
 LOOP_STALL = "bookkeeper_shard_loop_stall_seconds"  # the loop lag less its thread's run-queue wait
 SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
                     "journal_sync_p99_ms": "bookkeeper_journal_sync_latency_seconds",
@@ -136,6 +140,7 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
     results: list[BenchResult] = []
     try:
         procs = cluster_processes(cluster)
+        admins = [f"{b.address}:{b.http_port}" for b in cluster.bookies]
 
         def measure(name: str, bulk: BulkWriter | None, w1: bool, rate: float) -> dict[str, Any]:
             watch = ProcessWatch(procs)  # the bulk writer reports its own CPU (it has exited by the end)
@@ -145,7 +150,7 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
             n = 0
             client: dict[str, float] = {}
             if w1:
-                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat))
+                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat, admins))
             bulk_out = bulk.result() if bulk else None
             dt = time.perf_counter() - t0
             fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shard_figures(before, _scrape(cluster)),
@@ -203,13 +208,19 @@ class _Max(Histogram):
         self.max = max(self.max, value)
 
 
-async def _service(uri: str, seconds: float, lat: Latencies) -> tuple[int, float, dict[str, float]]:
-    """The W=1 writer: one ledger, one add in flight, for `seconds`. Also how late its own
-    loop ran (the shards' probe, LoopLag, every 10 ms): the longest lag, and of it the longest
-    not spent waiting for a CPU, in ms: the client's part of a slow add."""
+async def _service(uri: str, seconds: float, lat: Latencies,
+                   admins: list[str]) -> tuple[int, float, dict[str, Any]]:
+    """The W=1 writer: one ledger, one add in flight, for `seconds`, its adds traced by the
+    bookies (admins: their admin addresses) and laid beside its own send and answer times
+    (add_breakdown). Also how late its own loop ran (the shards' probe, LoopLag, every
+    10 ms): the longest lag, and of it the longest not spent waiting for a CPU, in ms: the
+    client's part of a slow add."""
     lag, stall = _Max(), _Max()
     probe = LoopLag(asyncio.get_running_loop(), lag, time.monotonic_ns, stall=stall)  # always active
     probe.start()
+    mono = time.monotonic  # the clock the shards stamp with (CLOCK_MONOTONIC: one per host)
+    counts = lat.counts
+    times: list[tuple[float, float]] = []
     try:
         async with await BookKeeper.connect(uri) as bk:
             lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
@@ -217,13 +228,67 @@ async def _service(uri: str, seconds: float, lat: Latencies) -> tuple[int, float
             try:
                 for _ in range(WARM_UP_ADDS):  # connections to the bookies made, not measured
                     await lh.add_entry(payload)
-                n, dt = await closed_loop([handle_adds(lh, "client")], payload, seconds, 1, lat)
+                peers = sorted(bk.pool.local_addresses().values())
+                for admin in admins:
+                    admin_request(admin, "POST", ADD_TRACE_PATH, body={"peers": peers, "seconds": seconds + TRACE_MARGIN_S},
+                                  timeout_s=30.0)
+                start = mono()
+                while (t0 := mono()) - start < seconds:
+                    await lh.add_entry(payload)
+                    t1 = mono()
+                    counts[int((t1 - t0) * 1e6)] += 1
+                    times.append((t0, t1))
+                dt = mono() - start
             finally:
                 await lh.close()
     finally:
         probe.stop()
-    return n, dt, {"client_loop_lag_max_ms": round(lag.max * 1000, 3),
-                   "client_loop_stall_max_ms": round(stall.max * 1000, 3)}
+    records = [r for admin in admins for shard in admin_request(admin, "GET", ADD_TRACE_PATH, timeout_s=30.0)["shards"]
+               for r in shard["records"]]
+    return len(times), dt, {"client_loop_lag_max_ms": round(lag.max * 1000, 3),
+                            "client_loop_stall_max_ms": round(stall.max * 1000, 3),
+                            "slow_adds": add_breakdown(times, records, ack_quorum=2)}
+
+
+def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, ack_quorum: int,
+                  quantile: float = 0.99) -> dict[str, Any]:
+    """Where the W=1 writer's slowest adds spent their time: each add (its send and answer
+    times, one add in flight) joined with the bookies' trace records of its connections whose
+    arrival falls within it (bookkeeper/bookie/add_trace.py FIELDS order), the one that completed its quorum
+    (the ack_quorum-th answered) standing for it. For the adds at or past `quantile` of
+    latency and for all adds: the mean ms of each segment (the means add up to the mean
+    latency, so their shares compare), the slowest joined add's segments, the largest
+    journal block a slow add rode in, and the joined count.
+
+    Segments: to_shard (the client before the send, the wire, the shard's loop reading it),
+    queued (in the journal's filling batch: a sync in flight ahead of it, a group wait), sync
+    (the block's write + fdatasync and the loop learning of it), answer (the block's responses
+    written before this one's), to_client (the wire back and the client's loop)."""
+    by_arrival = sorted(records, key=lambda r: r[1])
+    arrivals = [r[1] for r in by_arrival]
+    joined: list[tuple[float, tuple[float, ...], int]] = []
+    for t0, t1 in adds:
+        lo, hi = bisect.bisect_left(arrivals, t0), bisect.bisect_right(arrivals, t1)
+        mine = sorted(by_arrival[lo:hi], key=lambda r: r[4])
+        if len(mine) < ack_quorum:
+            continue
+        _peer, arrival, sealed, synced, answered, _n, _records, block_bytes = mine[ack_quorum - 1]
+        joined.append((t1 - t0, (arrival - t0, sealed - arrival, synced - sealed, answered - synced, t1 - answered),
+                       block_bytes))
+    if not adds:
+        return {"adds": 0, "joined": 0}
+    latencies = sorted(t1 - t0 for t0, t1 in adds)
+    threshold = latencies[min(len(latencies) - 1, int(quantile * len(latencies)))]
+    slow = [j for j in joined if j[0] >= threshold]
+
+    def means(rows: list[tuple[float, tuple[float, ...], int]]) -> dict[str, float] | None:
+        if not rows:
+            return None
+        return {name: round(sum(r[1][k] for r in rows) / len(rows) * 1000, 3) for k, name in enumerate(SEGMENTS)}
+    return {"adds": len(adds), "joined": len(joined), "threshold_ms": round(threshold * 1000, 3),
+            "slow": len(slow), "slow_mean_ms": means(slow), "all_mean_ms": means(joined),
+            "slowest_ms": means([max(joined)]) if joined else None,
+            "slow_block_bytes_max": max((j[2] for j in slow), default=0)}
 
 
 async def _bulk(uri: str, rate: float, size: int, seconds: float) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from bookkeeper.bookie.add_trace import parse_peers, parse_seconds
 from bookkeeper.bookie.admin_security import (OPEN_ROUTES, AdminGuard, AdminTLS, NoCredential, PlainHTTPOnTLS,
                                               Refusals, required_role)
 from bookkeeper.bookie.metrics import PREFIX, families
@@ -184,6 +185,30 @@ def run_gc(sup: Supervisor) -> dict[str, Any]:
     return out
 
 
+def add_trace_report(sup: Supervisor) -> dict[str, Any]:
+    """GET /api/v1/bookie/add_trace: each shard's records of the running or last add trace
+    (bookkeeper/bookie/add_trace.py); a shard that does not answer is left out."""
+    results = sup.shard_call({"op": "add_trace"}, timeout_s=5.0)
+    return {"shards": [{"index": i, **results[i]} for i in sorted(results)],
+            "shards_failed": sorted(set(sup.procs) - set(results))}
+
+
+def start_add_trace(sup: Supervisor, body: bytes) -> tuple[str, dict[str, Any]]:
+    """POST /api/v1/bookie/add_trace: body {"peers": ["host:port", ...], "seconds": N} starts a
+    trace of those peers' adds on every shard (the last one's records are dropped); a bad body
+    is a 400 and changes nothing."""
+    try:
+        request = json.loads(body)
+        if not isinstance(request, dict) or set(request) != {"peers", "seconds"}:
+            raise ValueError('body must be {"peers": ["host:port", ...], "seconds": N}')
+        peers, seconds = sorted(parse_peers(request["peers"])), parse_seconds(request["seconds"])
+    except ValueError as e:
+        return "400 Bad Request", {"error": str(e)}
+    results = sup.shard_call({"op": "add_trace", "peers": peers, "seconds": seconds}, timeout_s=5.0)
+    return "200 OK", {"peers": peers, "seconds": seconds, "shards": sorted(results),
+                      "shards_failed": sorted(set(sup.procs) - set(results))}
+
+
 class OneGcAtATime:
     """POST /api/v1/bookie/gc: one forced pass at a time. A second request while one runs is
     answered 409 at once, saying since when: queueing it would hold an admin thread for up to
@@ -216,10 +241,11 @@ def busy_answer(since: float, now: float) -> dict[str, Any]:
 
 READONLY_PATH = "/api/v1/bookie/state/readonly"
 GC_PATH = "/api/v1/bookie/gc"
+ADD_TRACE_PATH = "/api/v1/bookie/add_trace"
 # Routes answered 200 with the report's JSON, and routes whose answer says its own status.
 _REPORTS: dict[tuple[str, str], Callable[[Supervisor], dict[str, Any]]] = {
     ("GET", "/api/v1/bookie/state"): state_report, ("GET", "/api/v1/bookie/info"): info_report,
-    ("GET", READONLY_PATH): readonly_switch}
+    ("GET", READONLY_PATH): readonly_switch, ("GET", ADD_TRACE_PATH): add_trace_report}
 Answer = Callable[["Supervisor"], tuple[str, dict[str, Any]]]
 _ANSWERS: dict[tuple[str, str], Answer] = {
     ("GET", "/api/v1/bookie/is_ready"): readiness_report, ("GET", "/api/v1/autorecovery/status"): autorecovery_status}
@@ -346,7 +372,11 @@ def start_admin_http(sup: Supervisor) -> WSGIServer:
     registry.register(BookieCollector(sup, refusals))  # type: ignore[arg-type]
     gc = OneGcAtATime()
     answers: dict[tuple[str, str], Answer] = {**_ANSWERS, ("POST", GC_PATH): gc, ("PUT", GC_PATH): gc}
-    known = {("GET", "/metrics"), ("PUT", READONLY_PATH), *_REPORTS, *answers}
+    # Routes that read a body: the read-only switch, starting an add trace.
+    with_body: dict[tuple[str, str], Callable[[bytes], tuple[str, dict[str, Any]]]] = {
+        ("PUT", READONLY_PATH): lambda body: set_readonly_switch(sup, body),
+        ("POST", ADD_TRACE_PATH): lambda body: start_add_trace(sup, body)}
+    known = {("GET", "/metrics"), *with_body, *_REPORTS, *answers}
 
     def serve(method: str, path: str, environ: dict[str, Any]) -> tuple[str, bytes, str]:
         key = (method, path)
@@ -356,7 +386,7 @@ def start_admin_http(sup: Supervisor) -> WSGIServer:
             return _json_body("200 OK", _REPORTS[key](sup))
         if key in answers:
             return _json_body(*answers[key](sup))
-        return _json_body(*_with_body(environ, lambda body: set_readonly_switch(sup, body)))
+        return _json_body(*_with_body(environ, with_body[key]))
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")

@@ -51,6 +51,7 @@ from typing import Any
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper._ext.shardpath import AddPath, fail_responses
 from bookkeeper.clock import Clock, system_monotonic, system_wall
+from bookkeeper.bookie.add_trace import AddTrace, parse_peers, parse_seconds
 from bookkeeper.bookie.core import (ReadAction, decide_add, decide_read, decide_read_lac, decide_write_lac,
                                     is_idle)
 from bookkeeper.bookie.journal import Journal
@@ -544,6 +545,9 @@ class ShardServer:
         self._poll_numbers = itertools.count()
         self._to_wake: set[int] = set()  # ledgers with parked long polls that adds touched since
         self.add_path = AddPath(self, storage, max_frame_bytes, ENTRY_OVERHEAD_BYTES)
+        # A running add trace (start_add_trace), tested once per durable block; None when off.
+        self.add_trace: AddTrace | None = None
+        self._last_trace: AddTrace | None = None
 
     # -- peers -----------------------------------------------------------------
     def admit(self, conn: BookieProtocol) -> bool:
@@ -709,11 +713,47 @@ class ShardServer:
                     run += 1
         if run:
             self._add_latency.observe(now - run_t, run)
+        trace = self.add_trace
+        if trace is not None and self.clock() >= trace.until:
+            self.add_trace = trace = None  # its records stay readable until the next trace starts
+        if trace is None:
+            for conn, nbytes in pending.items():
+                conn.send_pending(nbytes)
+            for conn, responses in per_conn.items():
+                conn.send_now(responses)
+        else:
+            self._answer_traced(trace, items, pending, per_conn)
+        self.release_backpressure()
+
+    # -- add trace -------------------------------------------------------------
+    def start_add_trace(self, peers: Any, seconds: Any) -> dict[str, Any]:
+        """Trace the adds of these peers (`host:port`) for `seconds` (bookkeeper/bookie/add_trace.py),
+        replacing a trace running; ValueError on bad arguments, before anything changes."""
+        names, s = parse_peers(peers), parse_seconds(seconds)
+        self.add_trace = self._last_trace = AddTrace(names, self.clock() + s)
+        return {"peers": sorted(names), "seconds": s}
+
+    def add_trace_report(self) -> dict[str, Any]:
+        """The running (or last) trace's records; empty when none was started."""
+        if self._last_trace is None:
+            return {"fields": [], "records": [], "dropped": 0, "peers": [], "remaining_s": 0.0}
+        return self._last_trace.report(self.clock())
+
+    def _answer_traced(self, trace: AddTrace, items: list[Any], pending: dict[BookieProtocol, int],
+                       per_conn: dict[BookieProtocol, list[Response]]) -> None:
+        """on_durable's sends while a trace runs: each connection's answer stamped as its
+        write begins (a stamp after it could come later than the peer's receipt, on another
+        core), then the block's traced adds recorded."""
+        clock = self.clock
+        assert self.journal is not None
+        started: dict[BookieProtocol, float] = {}
         for conn, nbytes in pending.items():
+            started[conn] = clock()
             conn.send_pending(nbytes)
         for conn, responses in per_conn.items():
+            started[conn] = clock()
             conn.send_now(responses)
-        self.release_backpressure()
+        trace.record(items, self.journal.durable_block, started)
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}

@@ -373,6 +373,10 @@ class Shard:
             return self.state()
         if op == "gc":
             return await self.garbage_collect(force=bool(req.get("force", True)))
+        if op == "add_trace":
+            if "peers" in req:
+                return self.server.start_add_trace(req["peers"], req.get("seconds"))
+            return self.server.add_trace_report()
         raise ValueError(f"unknown control op {op!r}")
 
     def state(self) -> dict[str, Any]:

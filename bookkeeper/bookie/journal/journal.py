@@ -149,6 +149,9 @@ class Journal:
         self.observe_batch: Callable[[int, int, float], None] | None = None
         self._inflight_started = 0.0
         self._inflight_size = (0, 0)
+        # The block on_durable is answering: (sealed, synced) on self.clock, then (records,
+        # bytes). Read by a running add trace (bookkeeper/bookie/add_trace.py).
+        self.durable_block: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
 
     # -- files -------------------------------------------------------------
     def _path(self, file_id: int) -> Path:
@@ -431,8 +434,10 @@ class Journal:
         if err is not None:
             self._fail(err, items)
         else:
+            synced = self.clock()
+            self.durable_block = (self._inflight_started, synced, *self._inflight_size)
             if self.observe_batch is not None:
-                self.observe_batch(*self._inflight_size, self.clock() - self._inflight_started)
+                self.observe_batch(*self._inflight_size, synced - self._inflight_started)
             try:
                 if self._pos >= self.file_max_bytes:
                     self._open_new_file()  # roll while nothing is in flight
