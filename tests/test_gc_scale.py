@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import itertools
 import math
 import struct
@@ -442,6 +443,26 @@ def _c_path_add(st: LedgerStorage, tmp_path: Path, ledger_id: int, key: bytes) -
         journal.close()
 
     run(main())
+
+
+def test_the_write_cache_of_the_c_add_path_is_never_walked_by_the_cyclic_gc(tmp_path: Path) -> None:
+    """The C add path's (ledger, entry) keys are made untracked, so the write cache dict stays
+    untracked and a collection never walks its entries (a full collection over a full cache
+    stalled a shard's loop 10-50 ms under load). With a tracked key, as put_entry makes one,
+    the dict is tracked: the check can tell them apart."""
+    st = LedgerStorage(tmp_path / "s")
+    st.create_ledger(20, KEY)
+    st.create_ledger(21, KEY)
+    gc.disable()  # a collection would untrack a tracked key itself
+    try:
+        _c_path_add(st, tmp_path, 20, KEY)
+        assert (20, 0) in st.write_cache
+        assert not gc.is_tracked(st.write_cache) and not any(gc.is_tracked(k) for k in st.write_cache)
+        st.put_entry(21, 0, b"python path", -1)
+        assert gc.is_tracked(st.write_cache)
+    finally:
+        gc.enable()
+        st.close()
 
 
 def test_a_checkpoint_compares_only_the_ledgers_that_changed(tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
         "ceiling_fsyncs_per_s_at_block": round(ceiling.ops_per_s, 1),
         "fsync_ratio_to_ceiling": round(fsyncs / ceiling.ops_per_s, 3) if ceiling.ops_per_s else None,
         "reuse_files": reuse_files, "rolls_reused": stats["reused_rolls"], "rolls_unfilled": stats["unfilled_rolls"],
+        "rolls_deferred": stats["deferred_rolls"],
     })
 
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -300,6 +301,11 @@ class Shard:
                                   self.on_control)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopping.set)
+        # What start-up made (modules, config, the replayed state) lives as long as the shard:
+        # out of the cyclic GC's generations, a full collection no longer walks ~40,000 objects
+        # on the loop (10-60 ms each, measured under load).
+        gc.collect()
+        gc.freeze()
         print(f"READY shard={self.index} port={port} sync={self.syncer.kind}", flush=True)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # nobody reads the pipe after READY: never block on a full one

@@ -1,9 +1,24 @@
-"""A journal device for tests: writes really happen, syncs complete only when the test says so."""
+"""A journal device for tests: writes really happen, syncs complete only when the test says so;
+and a filler that prepares the journal's next file at once (no thread)."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from collections.abc import Callable
 from typing import Any
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """Runs a job at once, in the caller: the journal's next file is ready when the roll comes
+    (the simulator: no thread; tests that count rolls: no race with one)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - the future carries it, as a pool's would
+            fut.set_exception(e)
+        return fut
 
 
 class ManualSyncer:

@@ -12,18 +12,21 @@ File: `<file_id:016x>.jnl`, a 4096-byte header ('BKJF' | u32 version | u64 file_
 u32 flags, zero padded), then aligned blocks. A new file is started on every start (never
 append after a possibly torn tail) and when the next block does not fit the file.
 
-Each byte is written once: files wholly before the checkpoint mark are not deleted by
-`trim` but kept in a pool (`reuse-<old id>.jnl.tmp`, up to journal_reuse_files) and the
-next roll renames one to the new id and overwrites it from the start: no zero-fill, no
-unwritten extents. Its old blocks stay after the new tail; each block's seq carries the
-file's generation (journal.pyx), so replay stops at them. Only with an empty pool is a
-new file made: zero-filled in advance by a background thread (a spare), or fallocate'd
-when rolls outpace the filler.
+The next file is prepared while this one is in use, on a background thread (`_prepare`):
+renamed or filled, its header and its name made durable. A roll on the loop is then a
+swap of file descriptors; a file that fills before its successor is ready takes the next
+blocks past its preallocation (the writes extend it) until it is. Each byte is written
+once: files wholly before the checkpoint mark are not deleted by `trim` but kept in a
+pool (`reuse-<old id>.jnl.tmp`, up to journal_reuse_files), and the next file is one of
+them renamed to the new id and overwritten from the start: no zero-fill, no unwritten
+extents. Its old blocks stay after the new tail; each block's seq carries the file's
+generation (journal.pyx), so replay stops at them. Only with an empty pool is a new file
+made, zero-filled (as the spare, `spare.jnl.tmp`, then renamed).
 
-The pool (reuse files and the spare) is room the bookie can give back: while its shard
-says the journal disk is past disk_usage_warn (`pooling` off, bookie/state.py
-journal_space), trimmed files are deleted, no spare is made (a roll with nothing ready
-fallocates), and `release` deletes pooled files on the shard's word.
+The pool (reuse files and a spare being filled) is room the bookie can give back: while
+its shard says the journal disk is past disk_usage_warn (`pooling` off, bookie/state.py
+journal_space), trimmed files are deleted, the next file is only fallocate'd, and
+`release` deletes pooled files on the shard's word.
 
 Version history: 1 - header without flags, seq one counter across files (still read; never
 reused). 2 - seq = generation << 32 | n; flags bit 0: reused (bytes after the last block
@@ -131,7 +134,8 @@ class Journal:
         self._pos = 0
         self._allocated = 0
         self._filler: concurrent.futures.Executor | None = spare_filler
-        self._spare: concurrent.futures.Future[None] | None = None
+        self._next: concurrent.futures.Future[_NextFile] | None = None  # the file after this one, being prepared
+        self._roll_deferred = False  # this file is full and the next not ready: counted once
         self._blocks_in_file = 0  # n of the next block's seq
         self._batch = JournalBatch()
         self._batch_items: list[Any] = []
@@ -144,7 +148,10 @@ class Journal:
         self._closed = False
         self._failed: OSError | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self.stats = {"blocks": 0, "records": 0, "bytes": 0, "unfilled_rolls": 0, "reused_rolls": 0}
+        # Rolls by the file they moved to: reused from the pool, zero-filled, only fallocate'd
+        # (pooling off); deferred: a file was full before its successor was ready.
+        self.stats = {"blocks": 0, "records": 0, "bytes": 0, "reused_rolls": 0, "filled_rolls": 0,
+                      "unfilled_rolls": 0, "deferred_rolls": 0}
         # Called with (records, bytes, seconds) once per block made durable: the shard's metrics.
         self.observe_batch: Callable[[int, int, float], None] | None = None
         self._inflight_started = 0.0
@@ -164,65 +171,95 @@ class Journal:
         """Trimmed files kept for reuse, oldest first."""
         return sorted(self.dir.glob(POOL_GLOB))
 
-    def _open_new_file(self) -> None:
-        """Start the next journal file: a trimmed one from the pool, else the zero-filled spare
-        if one is ready, else fill one now.
+    def _prepare(self, file_id: int, pooling: bool) -> _NextFile:
+        """Make file `file_id` ready to take blocks (the filler thread, ahead of the roll that
+        needs it; in line at start-up): a trimmed file from the pool renamed to it, else a
+        zero-filled one (filled as SPARE_FILE, then renamed), else, without pooling, a
+        fallocate'd one; then its header written and synced and the directory synced.
 
         Why never a plain new file: fallocate leaves unwritten extents, and every fdatasync
         into them must also commit the extent conversion; measured on this kind of machine,
-        writes into written blocks sync 1.6-5x faster. A reused file is written already and
-        costs nothing more. Without one, the next spare is zero-filled by a background thread
-        while this file is in use (so a roll is a rename); if rolls outpace the filler, the new
-        file is fallocate'd instead: slower syncs for one file, never a stall of the shard.
+        writes into written blocks sync 1.6-5x faster. A reused file is written already.
+        Why ahead and off the loop: each of these steps waits for the file system, and under
+        write load a roll made on the loop took 5-570 ms (the fdatasync and directory fsync
+        queue behind other writers' commits, a zero-fill or fallocate of a whole file more),
+        every connection of the shard stalled meanwhile. A file prepared and never used (the
+        shard stopped first) holds a header and no block: replay reads nothing from it.
         """
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self.file_id = max(self.file_ids(), default=self.file_id) + 1
-        path = self._path(self.file_id)
-        spare, ready, flags = self._spare, False, 0
-        pool = self.pool()
-        if pool:
-            os.rename(pool.pop(0), path)
-            ready, flags = True, FLAG_REUSED
-            self.stats["reused_rolls"] += 1
-        elif spare is not None and spare.done():
-            self._spare = None
-            if spare.exception() is None:
-                os.rename(self.dir / SPARE_FILE, path)
-                ready = True
+        path = self._path(file_id)
+        reused = False
+        if pooling:
+            for pooled in self.pool():
+                try:
+                    os.rename(pooled, path)
+                except FileNotFoundError:
+                    continue  # released meanwhile (the disk short of room): the next one
+                reused = True
+                break
             else:
-                log.warning("journal %s: preparing the spare file failed: %s", self.dir, spare.exception())
-        if not ready and (self._spare is not None or not self.pooling):
-            # Rolls outpace the filler (hundreds of MB/s): never stall the shard on it. This
-            # file is only fallocate'd (slower syncs, docs/performance.md); the spare, once
-            # filled, serves the next roll. Without pooling (a disk short of room) there is
-            # no spare, and zero-filling here would stall the shard at every roll.
+                zero_fill(self.dir / SPARE_FILE, self.preallocate_bytes)
+                os.rename(self.dir / SPARE_FILE, path)
+        else:  # the disk is short of room: nothing pooled, no zero-fill of a whole file
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.posix_fallocate(fd, 0, self.preallocate_bytes)
             finally:
                 os.close(fd)
-            self.stats["unfilled_rolls"] += 1
-        elif not ready:
-            zero_fill(path, self.preallocate_bytes)
         fd = os.open(path, os.O_RDWR)
-        header = (_FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id)
-                  + _FILE_FLAGS.pack(flags)).ljust(BLOCK_ALIGN, b"\0")
-        os.pwrite(fd, header, 0)
-        os.fdatasync(fd)
-        fsync_dir(self.dir)
-        self._fd = fd
+        try:
+            header = (_FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, file_id)
+                      + _FILE_FLAGS.pack(FLAG_REUSED if reused else 0)).ljust(BLOCK_ALIGN, b"\0")
+            os.pwrite(fd, header, 0)
+            os.fdatasync(fd)
+            fsync_dir(self.dir)  # the new name must survive a power loss before a block is acknowledged from it
+            allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return _NextFile(file_id, fd, allocated, reused=reused, filled=pooling)
+
+    def _prepare_next(self) -> None:
+        """Start preparing the file after the current one on the filler thread."""
+        if self._filler is None:
+            self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
+        next_id = max(self.file_ids(), default=self.file_id) + 1  # past any file there is (a test's, a replayed one)
+        self._next = self._filler.submit(self._prepare, next_id, self.pooling)
+
+    def _roll(self, *, wait: bool = False) -> bool:
+        """Move to the next file if it is prepared (nothing may be in flight); False if it is
+        not yet: the current file takes the next blocks past its preallocation (extending
+        writes: slower syncs for a while, never a stall of the shard). wait: block until it
+        is (start-up, tests). A preparation that failed raises its OSError here, as a failed
+        roll did: the journal fails."""
+        nxt = self._next
+        if nxt is None:
+            self._prepare_next()
+            nxt = self._next
+            assert nxt is not None
+        if not nxt.done() and not wait:
+            if not self._roll_deferred:
+                self._roll_deferred = True
+                self.stats["deferred_rolls"] += 1
+            return False
+        self._next = None
+        ready = nxt.result()
+        if self._fd >= 0:
+            os.close(self._fd)
+        self.file_id, self._fd, self._allocated = ready.file_id, ready.fd, ready.allocated
         self._pos = BLOCK_ALIGN
         self._blocks_in_file = 0
-        self._allocated = max(BLOCK_ALIGN, os.fstat(fd).st_size)
-        if self._spare is None and not pool and self.pooling:  # the next roll has nothing written to take
-            if self._filler is None:
-                self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
-            self._spare = self._filler.submit(zero_fill, self.dir / SPARE_FILE, self.preallocate_bytes)
+        self._roll_deferred = False
+        self.stats["reused_rolls" if ready.reused else "filled_rolls" if ready.filled else "unfilled_rolls"] += 1
+        self._prepare_next()
+        return True
+
+    def _open_new_file(self) -> None:
+        """Roll now, waiting for the next file if it is still being prepared (start-up, tests)."""
+        self._roll(wait=True)
 
     def start(self) -> None:
-        """Open a fresh journal file (after replay)."""
+        """Open a fresh journal file (after replay), past every file there is."""
+        self.file_id = max(self.file_ids(), default=self.file_id)
         self._open_new_file()
 
     def position(self) -> tuple[int, int]:
@@ -290,13 +327,14 @@ class Journal:
     def trim(self, mark_file_id: int) -> int:
         """Retire journal files wholly before the checkpoint mark into the reuse pool (while it
         has room and pooling is on, format 2 only), else delete them; returns how many were
-        retired. May run in a worker thread while the loop rolls: it touches only files before
-        the mark (never the file in use, whose id is the highest), and a roll takes a pooled
-        file whole (a rename) or not at all."""
+        retired. May run in a worker thread while the loop rolls and the filler prepares the
+        next file: it touches only files before the mark and before the file in use (the next
+        one prepared has a higher id), and the filler takes a pooled file whole (a rename) or
+        not at all."""
         removed = 0
         pooled = len(self.pool())
         for fid in self.file_ids():
-            if fid < mark_file_id and fid != self.file_id:
+            if fid < min(mark_file_id, self.file_id):  # never the file in use, nor the next one prepared
                 path = self._path(fid)
                 if self.pooling and pooled < self.reuse_files and _file_version(path) >= 2:
                     os.rename(path, self.dir / f"reuse-{fid:016x}.jnl.tmp")
@@ -313,9 +351,8 @@ class Journal:
         freed = []
         for name in names:
             if name == SPARE_FILE:
-                if self._spare is not None and not self._spare.done():
-                    continue
-                self._spare = None
+                if self._next is not None and not self._next.done():
+                    continue  # being filled for the next file: its thread writes on
             elif not (name.startswith("reuse-") and name.endswith(".jnl.tmp")):
                 raise ValueError(f"{name!r} is not a pooled journal file")
             path = self.dir / name
@@ -402,17 +439,13 @@ class Journal:
         self._free_buffer = None
         if self._pos + batch.sealed_bytes > self._allocated and self._pos > BLOCK_ALIGN:
             try:
-                self._open_new_file()  # nothing is in flight here: roll to the next zeroed file
+                self._roll()  # nothing is in flight here: to the prepared next file, if it is ready
             except OSError as e:  # e.g. ENOSPC: this batch can never be durable; neither can later ones
                 self._fail(e, items)
                 return
         block = batch.seal(_generation(self.file_id) << 32 | self._blocks_in_file)  # the file it goes to
-        if self._pos + len(block) > self._allocated:  # a block larger than a whole file
-            try:
-                os.posix_fallocate(self._fd, self._allocated, self._pos + len(block) - self._allocated)
-            except OSError:
-                pass  # the write itself extends the file
-            self._allocated = self._pos + len(block)
+        if self._pos + len(block) > self._allocated:  # the next file not ready, or a block larger than a file
+            self._allocated = self._pos + len(block)  # the write itself extends the file
         offset = self._pos
         self._pos += len(block)
         self._blocks_in_file += 1
@@ -440,7 +473,7 @@ class Journal:
                 self.observe_batch(*self._inflight_size, synced - self._inflight_started)
             try:
                 if self._pos >= self.file_max_bytes:
-                    self._open_new_file()  # roll while nothing is in flight
+                    self._roll()  # while nothing is in flight (if the next file is ready)
                 # The next batch goes to the device first, then this one is answered: encoding
                 # and sending responses overlaps the next sync instead of delaying it.
                 self._maybe_flush()
@@ -487,10 +520,29 @@ class Journal:
         if self._filler is not None:
             self._filler.shutdown(wait=True)
             self._filler = None
-            self._spare = None
+        nxt, self._next = self._next, None
+        if nxt is not None and nxt.done() and nxt.exception() is None:
+            unused = nxt.result()  # prepared, never used: back to the pool (or gone) rather than left as
+            os.close(unused.fd)    # a file of a header and no block (which replay would read as nothing)
+            path = self._path(unused.file_id)
+            if self.pooling and len(self.pool()) < self.reuse_files:  # trim's rule
+                os.rename(path, self.dir / f"reuse-{unused.file_id:016x}.jnl.tmp")
+            else:
+                path.unlink(missing_ok=True)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+@dataclass(frozen=True)
+class _NextFile:
+    """A journal file made ready by Journal._prepare: open, its header durable, its name too."""
+
+    file_id: int
+    fd: int
+    allocated: int
+    reused: bool  # from the pool (FLAG_REUSED)
+    filled: bool  # written through: reused or zero-filled (else only fallocate'd)
 
 
 def _generation(file_id: int) -> int:

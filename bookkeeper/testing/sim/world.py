@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -42,6 +41,7 @@ from bookkeeper.testing.sim.loop import SimLoop
 from bookkeeper.testing.sim.net import NODE, SimNetwork, SimTransport
 from bookkeeper.testing.sim.oracle import KEEP_LIMIT_ZK_TROUBLE_S, LedgerTruth, Oracle, Violation
 from bookkeeper.testing.sim.zk import SimZooKeeper
+from bookkeeper.testing.syncers import InlineExecutor
 
 URI = "zk://sim:2181/ledgers"
 ROOT = "/ledgers"
@@ -122,18 +122,6 @@ class Trace:
             self.lines.append(text)
 
 
-class _Inline(concurrent.futures.Executor):
-    """Runs a job at once (the journal's spare-file filler: no thread in a simulation)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - the future carries it, as a pool's would
-            fut.set_exception(e)
-        return fut
-
-
 class SimShard:
     """One shard of a simulated bookie: the production parts, a simulated journal device."""
 
@@ -164,7 +152,7 @@ class SimShard:
         self.journal = Journal(self.dir / "journal", syncer=self.syncer, loop=loop,
                                on_durable=self.server.on_durable, on_failed=self._failed,
                                preallocate_bytes=256 << 10, file_max_bytes=1 << 20, reuse_files=2,
-                               clock=loop.time, spare_filler=_Inline())
+                               clock=loop.time, spare_filler=InlineExecutor())
         self.server.journal = self.journal
         self.journal.replay(storage.checkpoint_mark(), lambda recs: apply_records(storage, recs))
         self.journal.start()
