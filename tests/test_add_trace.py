@@ -66,6 +66,9 @@ def test_a_trace_keeps_only_its_peers_adds_and_counts_what_it_drops() -> None:
         trace.record([(mine, None, 4.0, 1, 40)], (4.0, 5.0, 1, 512), answered={mine: 5.0})
     report = trace.report(now=99.0)
     assert len(report["records"]) == MAX_RECORDS and report["dropped"] == 2 and report["fields"] == list(FIELDS)
+    assert len(trace._names) == 2
+    del other, items
+    assert list(trace._names) == [mine]  # the untraced peer's connection, gone, is not kept (weak)
     assert report["remaining_s"] == 1.0 and report["peers"] == ["127.0.0.1:4000"]
 
 
@@ -113,7 +116,8 @@ def _http(port: int, method: str, body: Any = None, raw: bytes | None = None) ->
 def test_the_traced_clients_adds_are_recorded_in_order_and_no_one_elses(cluster: LocalCluster) -> None:
     """Two clients write one add at a time; only the traced one's adds are recorded, each
     add's Qw records fall within its own send and answer times, and every record's stamps
-    run arrival <= sealed <= synced <= answered. Past its seconds the trace records no more."""
+    run arrival <= sealed <= synced <= answered. A new trace drops the old one's records;
+    past its seconds a trace records no more."""
     ports = [b.http_port for b in cluster.bookies]
 
     async def main() -> None:
@@ -124,10 +128,10 @@ def test_the_traced_clients_adds_are_recorded_in_order_and_no_one_elses(cluster:
             for _ in range(3):  # each of the 3 bookies gets an entry: every connection open
                 await lt.add_entry(b"warm")
                 await lo.add_entry(b"warm")
-            peers = sorted(traced.pool.local_addresses().values())
-            assert peers and not set(peers) & set(other.pool.local_addresses().values())
+            peers = traced.pool.local_addresses()
+            assert len(peers) == 3 and not set(peers) & set(other.pool.local_addresses())
             for port in ports:
-                status, answer = _http(port, "POST", {"peers": peers, "seconds": 3})
+                status, answer = _http(port, "POST", {"peers": peers, "seconds": 120})
                 assert status == 200 and answer["peers"] == peers and answer["shards"] == [0, 1], answer
             times = []
             for i in range(50):
@@ -141,10 +145,15 @@ def test_the_traced_clients_adds_are_recorded_in_order_and_no_one_elses(cluster:
                 assert r[1] <= r[2] <= r[3] <= r[4] and r[6] >= r[5] and r[7] > 0, r
             for t0, t1 in times:
                 assert sum(1 for r in records if t0 <= r[1] and r[4] <= t1) == 2
-            await asyncio.sleep(3.2)
+            # A new trace replaces the running one (its records dropped) and ends by itself.
+            for port in ports:
+                assert _http(port, "POST", {"peers": peers, "seconds": 0.2})[0] == 200
+            assert _records(ports) == []
+            await asyncio.sleep(0.5)
             for _ in range(3):
                 await lt.add_entry(b"after")
-            assert sum(r[5] for r in _records(ports)) == 50 * 2
+            assert _records(ports) == []
+            assert all(s["remaining_s"] == 0.0 for port in ports for s in _http(port, "GET")[1]["shards"])
     run(main())
 
 

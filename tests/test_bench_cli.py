@@ -208,12 +208,11 @@ def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path)
         assert r["shards"]["add_p99_ms"] > 0 and r["shards"]["journal_block_p99_bytes"] > 0
         assert any(k.startswith("client[") for k in r["cpu_percent"]) and sum(k.count("-shard[") for k in r["cpu_percent"]) == 3
         slow = r["slow_adds"]  # the bookies' add trace joined with the writer's own times
-        assert slow["adds"] == round(r["ops_per_s"] * r["seconds"]) or slow["adds"] > 0
+        assert slow["adds"] > 0 and slow["dropped"] == 0
         assert 0.9 * slow["adds"] <= slow["joined"] <= slow["adds"] and slow["slow"] >= 1
-        for means in (slow["slow_mean_ms"], slow["all_mean_ms"]):
+        for means in (slow["slow_mean_ms"], slow["all_mean_ms"], slow["slowest_ms"]):
             assert list(means) == ["to_shard", "queued", "sync", "answer", "to_client"]
             assert all(v >= 0 for v in means.values()) and means["sync"] > 0
-        assert sum(slow["slow_mean_ms"].values()) >= slow["threshold_ms"] * 0.99
     assert "bulk_adds_per_s" not in rows["alone"]
     at_rate = rows["beside bulk at rate"]
     assert at_rate["bulk_rate_target"] == 500 and 0 < at_rate["bulk_rate_kept"] <= 1.2 and at_rate["bulk_cpu_percent"] > 0

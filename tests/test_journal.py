@@ -917,7 +917,7 @@ def test_a_full_file_takes_blocks_past_its_allocation_until_the_next_file_is_rea
             await asyncio.wait_for(j.drain(), 5)
         assert j.file_ids() == [first] and j.stats["deferred_rolls"] == 1
         assert os.stat(j._path(first)).st_size > 64 << 10  # the blocks extended it
-        j._next.set_result(j._prepare(first + 1, True))
+        j._next.set_result(j._prepare(first + 1))
         for i in range(8, 12):
             j.append(REC_ADD, 1, i, bytes(20 << 10), item=i)
             await asyncio.wait_for(j.drain(), 5)
@@ -943,9 +943,9 @@ def test_the_next_file_is_prepared_on_the_filler_thread_not_the_loop(tmp_path: P
         threads: list[str] = []
         prepare = j._prepare
 
-        def watched(file_id: int, pooling: bool) -> Any:
+        def watched(file_id: int) -> Any:
             threads.append(threading.current_thread().name)
-            return prepare(file_id, pooling)
+            return prepare(file_id)
         j._prepare = watched  # type: ignore[method-assign]
         j.start()
         await asyncio.wrap_future(j._next)
@@ -1003,31 +1003,51 @@ def test_journal_closed_in_the_turn_of_an_append_writes_nothing_after_close(tmp_
     run(main)
 
 
-def test_journal_roll_failure_fails_the_queued_batch_but_answers_the_durable_one(tmp_path: Path) -> None:
-    """When a sync returns and rolling to the next file fails (e.g. ENOSPC), the block that just
-    became durable is still answered; the batch that needed the new file fails, as do later appends."""
+def test_a_failed_preparation_of_the_next_file_fails_no_add(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The next file's preparation fails (e.g. ENOSPC while zero-filling): it is logged and
+    counted, the block that needed the new file goes into the current one past its
+    preallocation and is answered, and the preparation is tried again after PREPARE_RETRY_S;
+    the roll after takes the file it makes. Only a failed write fails the journal."""
+    from bookkeeper.bookie.journal.journal import PREPARE_RETRY_S
+
+    now = [100.0]
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         syncer, sink = ManualSyncer(), Sink()
-        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10)
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10, clock=lambda: now[0])
         j.start()
+        first = j.file_id
         j.append(REC_ADD, 1, 0, bytes(40 << 10), item=0)
         await asyncio.sleep(0)
         j.append(REC_ADD, 1, 1, bytes(40 << 10), item=1)  # does not fit the file: needs a roll
-
         failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
         failed.set_exception(OSError(errno.ENOSPC, "injected: no space for the next journal file"))
         assert j._next is not None
-        os.close(j._next.result().fd)
+        prepared = j._next.result()
+        os.close(prepared.fd)
+        os.unlink(j._path(prepared.file_id))
         j._next = failed  # the next file's preparation failed
+        syncer.complete_one()  # block 0 durable; block 1 goes to the same file
+        assert sink.durable_items == [0] and sink.failed == []
+        assert j.file_id == first and j.stats["prepare_failures"] == 1 and j.stats["deferred_rolls"] == 1
+        assert "preparing the next file failed" in caplog.text and "no space for the next journal file" in caplog.text
         syncer.complete_one()
-        assert sink.durable_items == [0]
-        assert sink.failed_items == [1] and sink.failed[0][1].errno == errno.ENOSPC
-        j.append(REC_ADD, 1, 2, b"x", item=2)
-        assert sink.failed_items == [1, 2]
+        assert sink.durable_items == [0, 1] and j._next is None  # not tried again yet
+        j.append(REC_ADD, 1, 2, bytes(40 << 10), item=2)
+        await asyncio.sleep(0)
+        syncer.complete_one()
+        assert j.file_id == first and j._next is None
+        now[0] += PREPARE_RETRY_S
+        j.append(REC_ADD, 1, 3, bytes(40 << 10), item=3)
+        await asyncio.sleep(0)  # this flush asks again (in line here) and takes the file it makes
+        syncer.complete_one()
+        assert j.file_id > first and sink.durable_items == [0, 1, 2, 3] and sink.failed == []
+        j.close()
 
     run(main)
+    records, _ = replay_all(tmp_path)
+    assert [r[2] for r in records] == [0, 1, 2, 3]
 
 
 class FailingSyncer:
@@ -1212,10 +1232,13 @@ def test_journal_files_are_zero_filled_and_the_next_is_prepared(tmp_path: Path) 
         st = os.stat(j._path(j.file_id + 1))
         assert ready.file_id == j.file_id + 1 and st.st_size == 64 * 1024 and st.st_blocks * 512 >= 64 * 1024
         assert not (tmp_path / SPARE_FILE).exists()
+        first, filled = j.file_id, j.stats["filled_rolls"]
         for i in range(40):  # 40 x ~3 KiB records: more than one 64 KiB file
             j.append(1, 5, i, b"s" * 3000, item=i)
             await asyncio.wait_for(j.drain(), 10)
-        assert len(j.file_ids()) >= 2 and j.stats["filled_rolls"] >= 1
+            if j._next is not None:
+                await asyncio.wrap_future(j._next)  # so that every roll finds its file ready
+        assert j.file_id > first and j.stats["filled_rolls"] > filled and j.stats["deferred_rolls"] == 0
         j.close()
         syncer.close()
 
@@ -1315,6 +1338,89 @@ def test_trimmed_files_are_reused_and_replay_ignores_their_earlier_blocks(tmp_pa
     assert scan_blocks(image, BLOCK_ALIGN, -1)[0] == last + big[1:]  # read as format 1: stale records
     got, res = replay_all(tmp_path)
     assert got == last and res.blocks_torn == 0 and res.reused_ends == 0
+
+
+def test_a_crash_with_a_reused_next_file_prepared_loses_no_record(tmp_path: Path) -> None:
+    """Killed (never closed) while the next file, prepared from the pool, waits with its new
+    header, REUSED flag and an earlier use's blocks: replay yields exactly the records written,
+    none of the earlier use's."""
+    from bookkeeper.bookie.journal.journal import FLAG_REUSED
+
+    big = [(REC_ADD, 1, i, bytes([i % 200 + 1]) * 5000) for i in range(20)]
+    mine = recs(6, 900)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        syncer = ThreadSyncer(loop)
+        j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=256 << 10, reuse_files=4)
+        j.start()
+        for r in big:
+            j.append(*r, item=None)
+            await j.drain()
+        j._open_new_file()  # to file 2; 3 prepared (zero-filled)
+        j.trim(j.file_id)  # file 1 pooled
+        j._open_new_file()  # to file 3; 4 prepared from file 1
+        assert j._next is not None and j._next.result().reused
+        for r in mine:
+            j.append(*r, item=None)
+            await j.drain()
+        prepared = j._next.result()
+        for fd in (j._fd, prepared.fd):  # the crash: nothing closed, nothing tidied
+            os.close(fd)
+        syncer.close()
+        return prepared.file_id
+
+    nxt = run(main)
+    image = (tmp_path / f"{nxt:016x}.jnl").read_bytes()
+    assert struct.unpack_from(">4sIQI", image) == (b"BKJF", FILE_VERSION, nxt, FLAG_REUSED)
+    assert scan_blocks(image, BLOCK_ALIGN, -1)[0][:3] == big[:3]  # the earlier use's blocks are there
+    got, res = replay_all(tmp_path)
+    assert got == mine and res.blocks_torn == 0
+
+
+def test_rolls_trims_and_releases_on_their_own_threads_lose_no_record(tmp_path: Path) -> None:
+    """The filler thread prepares files while another thread trims into the pool and releases
+    pooled files, as the retire thread and the disk check do: every record is answered and
+    replays, in order (bounded: 300 records of 20 KiB over 64 KiB files)."""
+    import threading
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer, sink = ThreadSyncer(loop), Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, preallocate_bytes=64 << 10, reuse_files=2,
+                        spare_filler=None)
+        j.start()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def churn() -> None:
+            while not stop.is_set():
+                try:
+                    j.trim(max(1, j.file_id - 1))
+                    j.release([p.name for p in j.pool()][:1])
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+                    return
+        t = threading.Thread(target=churn)
+        t.start()
+        try:
+            for i in range(300):
+                j.append(REC_ADD, 1, i, bytes([i % 250 + 1]) * (20 << 10), item=i)
+                if i % 4 == 0:
+                    await asyncio.wait_for(j.drain(), 10)
+            await asyncio.wait_for(j.drain(), 10)
+        finally:
+            stop.set()
+            t.join()
+        assert errors == [] and sink.failed == [] and sink.durable_items == list(range(300))
+        assert j.stats["reused_rolls"] + j.stats["filled_rolls"] >= 20, j.stats
+        j.close()
+        syncer.close()
+
+    run(main)
+    got, _ = replay_all(tmp_path)
+    kept = [r[2] for r in got]
+    assert kept and kept == list(range(kept[0], 300))  # trimmed files gone, the rest whole and in order
 
 
 def test_reused_file_replay_across_restarts_keeps_every_acknowledged_record(tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ same host can lay its own send and receive times beside them.
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from typing import Any
 
 MAX_PEERS = 64
 MAX_SECONDS = 600.0
-MAX_RECORDS = 8192  # per shard: a W=1 writer at ~1,000 adds/s for 8 s; older records drop first
+MAX_RECORDS = 65536  # per shard (~250 B each): a W=1 writer at ~2,000 adds/s for 30 s; older ones drop first
 # One record: the peer, then seconds (monotonic) and counts, in this order.
 FIELDS = ("peer", "arrival", "sealed", "synced", "answered", "adds", "block_records", "block_bytes")
 
@@ -69,7 +70,9 @@ class AddTrace:
         self.until = until
         self.records: deque[tuple[Any, ...]] = deque(maxlen=MAX_RECORDS)
         self.dropped = 0
-        self._names: dict[Any, str | None] = {}  # connection -> its traced peer name, or None
+        # connection -> its traced peer name, or None; weak: a trace of 600 s on a shard whose
+        # connections come and go must not keep the closed ones (their buffers) alive
+        self._names: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
     def traced(self, conn: Any) -> str | None:
         """The connection's peer name if it is traced (looked up once per connection)."""

@@ -751,7 +751,7 @@ class ShardServer:
             started[conn] = clock()
             conn.send_pending(nbytes)
         for conn, responses in per_conn.items():
-            started[conn] = clock()
+            started.setdefault(conn, clock())  # its first write began with its pending bytes
             conn.send_now(responses)
         trace.record(items, self.journal.durable_block, started)
 

@@ -547,17 +547,16 @@ class BookieClientPool:
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
 
-    def local_addresses(self) -> dict[str, str]:
-        """`host:port` of each shard connected now, as the shard sees this client: its peer
-        name, which a bookie's add trace takes (bookkeeper/bookie/add_trace.py), by the
-        shard's `host:port`."""
-        out: dict[str, str] = {}
+    def local_addresses(self) -> list[str]:
+        """`host:port` of this client's end of every shard connection open now, as the shards
+        see it: what a bookie's add trace takes (bookkeeper/bookie/add_trace.py)."""
+        out = []
         for conn in self._conns.values():
             transport = conn._transport
             name = transport.get_extra_info("sockname") if transport is not None and not transport.is_closing() else None
             if isinstance(name, tuple) and len(name) >= 2:
-                out[f"{conn.host}:{conn.port}"] = f"{name[0]}:{name[1]}"
-        return out
+                out.append(f"{name[0]}:{name[1]}")
+        return sorted(out)
 
     def invalidate_routes(self) -> None:
         """Forget cached routes (registrations were re-read)."""

@@ -10,7 +10,8 @@ last file, and replay stops there (record encoding: ext/bookkeeper/_ext/journal.
 
 File: `<file_id:016x>.jnl`, a 4096-byte header ('BKJF' | u32 version | u64 file_id |
 u32 flags, zero padded), then aligned blocks. A new file is started on every start (never
-append after a possibly torn tail) and when the next block does not fit the file.
+append after a possibly torn tail) and when the next block does not fit the file and the
+next file is ready (below).
 
 The next file is prepared while this one is in use, on a background thread (`_prepare`):
 renamed or filled, its header and its name made durable. A roll on the loop is then a
@@ -53,6 +54,7 @@ from bookkeeper.bookie.journal.syncer import Syncer
 
 log = logging.getLogger(__name__)
 
+PREPARE_RETRY_S = 1.0  # a failed preparation of the next file is tried again after this
 SPARE_FILE = "spare.jnl.tmp"  # the next file, being zero-filled; not a journal until renamed
 POOL_GLOB = "reuse-*.jnl.tmp"  # trimmed files kept for reuse; not journals until renamed
 FILE_MAGIC = b"BKJF"
@@ -111,8 +113,9 @@ class Journal:
                  preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
                  reuse_files: int = 4, clock: Clock = system_monotonic,
                  spare_filler: concurrent.futures.Executor | None = None) -> None:
-        """spare_filler: where the next file is zero-filled ahead of a roll (default: a thread of
-        its own; the simulator's runs the job at once, so a run does not depend on a thread)."""
+        """spare_filler: where the next file is prepared ahead of a roll (default: a thread of
+        its own; the simulator's and most tests' run the job at once, so a run does not depend
+        on a thread)."""
         self.dir = Path(directory)
         self.clock = clock  # group waits and sync latencies (bookkeeper/clock.py: virtual in a simulation)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -136,6 +139,7 @@ class Journal:
         self._filler: concurrent.futures.Executor | None = spare_filler
         self._next: concurrent.futures.Future[_NextFile] | None = None  # the file after this one, being prepared
         self._roll_deferred = False  # this file is full and the next not ready: counted once
+        self._retry_at = 0.0  # a failed preparation is tried again from then (self.clock)
         self._blocks_in_file = 0  # n of the next block's seq
         self._batch = JournalBatch()
         self._batch_items: list[Any] = []
@@ -151,7 +155,7 @@ class Journal:
         # Rolls by the file they moved to: reused from the pool, zero-filled, only fallocate'd
         # (pooling off); deferred: a file was full before its successor was ready.
         self.stats = {"blocks": 0, "records": 0, "bytes": 0, "reused_rolls": 0, "filled_rolls": 0,
-                      "unfilled_rolls": 0, "deferred_rolls": 0}
+                      "unfilled_rolls": 0, "deferred_rolls": 0, "prepare_failures": 0}
         # Called with (records, bytes, seconds) once per block made durable: the shard's metrics.
         self.observe_batch: Callable[[int, int, float], None] | None = None
         self._inflight_started = 0.0
@@ -171,7 +175,7 @@ class Journal:
         """Trimmed files kept for reuse, oldest first."""
         return sorted(self.dir.glob(POOL_GLOB))
 
-    def _prepare(self, file_id: int, pooling: bool) -> _NextFile:
+    def _prepare(self, file_id: int) -> _NextFile:
         """Make file `file_id` ready to take blocks (the filler thread, ahead of the roll that
         needs it; in line at start-up): a trimmed file from the pool renamed to it, else a
         zero-filled one (filled as SPARE_FILE, then renamed), else, without pooling, a
@@ -188,6 +192,7 @@ class Journal:
         """
         path = self._path(file_id)
         reused = False
+        pooling = self.pooling  # as the shard says now, not when this was asked for
         if pooling:
             for pooled in self.pool():
                 try:
@@ -219,30 +224,47 @@ class Journal:
         return _NextFile(file_id, fd, allocated, reused=reused, filled=pooling)
 
     def _prepare_next(self) -> None:
-        """Start preparing the file after the current one on the filler thread."""
+        """Start preparing the file after the current one on the filler thread (not once closed:
+        a sync completing after close must not start a thread nobody shuts down)."""
+        if self._closed:
+            return
         if self._filler is None:
             self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
         next_id = max(self.file_ids(), default=self.file_id) + 1  # past any file there is (a test's, a replayed one)
-        self._next = self._filler.submit(self._prepare, next_id, self.pooling)
+        self._next = self._filler.submit(self._prepare, next_id)
 
     def _roll(self, *, wait: bool = False) -> bool:
         """Move to the next file if it is prepared (nothing may be in flight); False if it is
         not yet: the current file takes the next blocks past its preallocation (extending
         writes: slower syncs for a while, never a stall of the shard). wait: block until it
-        is (start-up, tests). A preparation that failed raises its OSError here, as a failed
-        roll did: the journal fails."""
+        is (start-up, tests), and raise the OSError of a preparation that failed.
+
+        A preparation that failed otherwise (ENOSPC while zero-filling, a pooled file
+        released meanwhile...) is logged, counted and tried again at most every
+        PREPARE_RETRY_S: the current file goes on taking blocks, and only a write that fails
+        fails the journal. Failing it at the roll, as a roll on the loop did, would refuse
+        every add over a file that could have grown (the space may be back by then)."""
         nxt = self._next
         if nxt is None:
+            if self.clock() < self._retry_at and not wait:
+                return self._defer()
             self._prepare_next()
             nxt = self._next
-            assert nxt is not None
+            if nxt is None:  # closed
+                return False
         if not nxt.done() and not wait:
-            if not self._roll_deferred:
-                self._roll_deferred = True
-                self.stats["deferred_rolls"] += 1
-            return False
+            return self._defer()
         self._next = None
-        ready = nxt.result()
+        try:
+            ready = nxt.result()
+        except OSError as e:
+            if wait:
+                raise
+            self.stats["prepare_failures"] += 1
+            self._retry_at = self.clock() + PREPARE_RETRY_S
+            log.warning("journal %s: preparing the next file failed (%s); file %d takes the next blocks "
+                        "past its preallocation, trying again in %.0f s", self.dir, e, self.file_id, PREPARE_RETRY_S)
+            return self._defer()
         if self._fd >= 0:
             os.close(self._fd)
         self.file_id, self._fd, self._allocated = ready.file_id, ready.fd, ready.allocated
@@ -252,6 +274,13 @@ class Journal:
         self.stats["reused_rolls" if ready.reused else "filled_rolls" if ready.filled else "unfilled_rolls"] += 1
         self._prepare_next()
         return True
+
+    def _defer(self) -> bool:
+        """The roll waits for the next file: counted once per file."""
+        if not self._roll_deferred:
+            self._roll_deferred = True
+            self.stats["deferred_rolls"] += 1
+        return False
 
     def _open_new_file(self) -> None:
         """Roll now, waiting for the next file if it is still being prepared (start-up, tests)."""
@@ -521,7 +550,9 @@ class Journal:
             self._filler.shutdown(wait=True)
             self._filler = None
         nxt, self._next = self._next, None
-        if nxt is not None and nxt.done() and nxt.exception() is None:
+        if nxt is not None and nxt.done() and nxt.exception() is not None:
+            log.warning("journal %s: preparing the next file failed: %s", self.dir, nxt.exception())
+        elif nxt is not None and nxt.done():
             unused = nxt.result()  # prepared, never used: back to the pool (or gone) rather than left as
             os.close(unused.fd)    # a file of a header and no block (which replay would read as nothing)
             path = self._path(unused.file_id)
