@@ -95,6 +95,44 @@ def test_full_journal_batch_pauses_the_sender_until_the_sync_returns(tmp_path: P
     uvloop.run(main())
 
 
+def test_a_light_sender_is_read_on_while_a_bulk_sender_fills_the_journal(tmp_path: Path) -> None:
+    """Fair shares (issue 28 item 4): behind a sync in flight, a bulk sender fills the batch and
+    is paused; a sender with a few adds waiting (<= LIGHT_SENDER_ADDS) in small receive
+    buffers is read on, and its adds go into the next block with the bulk ones. Past that
+    many adds waiting, it is paused like any other."""
+    from bookkeeper.bookie.server import LIGHT_SENDER_ADDS
+
+    async def main() -> None:
+        server, journal, syncer, bulk, bulk_sock = shard(tmp_path)
+        light, light_sock = BookieProtocol(server), Socket()
+        light.connection_made(light_sock)
+        bulk.data_received(adds(2, 0, 10, 100))
+        await asyncio.sleep(0)  # a sync in flight
+        bulk.data_received(adds(2, 10, 60, 100))
+        assert journal.full and not bulk_sock.reading
+        for e in range(3):  # one add at a time, as a W=1 writer sends them
+            light.data_received(adds(3, e, 1, 100))
+            assert light_sock.reading
+        assert server.counters["light_senders_read_on"] == 3
+        syncer.complete_one()  # the first block durable; the next one, with both senders' adds, sealed
+        assert light_sock.responses() == [] and bulk_sock.reading
+        syncer.complete_one()
+        assert sorted(r[4] for r in light_sock.responses()) == [0, 1, 2]  # the first made the ledger: Python path
+        bulk.data_received(adds(2, 70, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight again
+        bulk.data_received(adds(2, 71, 60, 100))  # full again
+        assert journal.full and not bulk_sock.reading
+        light.data_received(adds(3, 3, LIGHT_SENDER_ADDS + 1, 100))  # too many waiting: no longer light
+        assert not light_sock.reading
+        syncer.release_all()
+        syncer.release_all()
+        assert light_sock.reading and bulk_sock.reading
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
 def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tmp_path: Path) -> None:
     """With the write cache over write_cache_max_bytes (overhead counted) the sender is paused;
     a checkpoint's snapshot empties the cache and release_backpressure resumes it."""
@@ -106,7 +144,8 @@ def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tm
         await asyncio.sleep(0)
         syncer.release_all()
         assert sock.reading and server.storage.write_cache_bytes <= bound
-        conn.data_received(adds(4, 10, 15, 100))
+        conn.data_received(adds(4, 10, 40, 100))  # more adds at once than a light sender has waiting
+        assert not sock.reading
         await asyncio.sleep(0)
         syncer.release_all()
         assert server.storage.write_cache_bytes > bound and not sock.reading

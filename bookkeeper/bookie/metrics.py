@@ -69,6 +69,8 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "long_polls_refused": ("counter", "long polls answered at once: unknown ledger, or the connection's "
                                       "max_long_polls_per_connection parked"),
     "idle_closed": ("counter", "connections closed after idle_timeout_s without a request or anything outstanding"),
+    "light_senders_read_on": ("counter", "receive buffers of light senders (few adds waiting, small buffers) read on "
+                                         "while the shard was over its memory bounds and paused the others"),
     "tls_handshakes": ("counter", "TLS handshakes completed (START_TLS)"),
     "tls_handshake_failures": ("counter", "TLS handshakes that failed (untrusted or missing client certificate, "
                                           "no common version, a peer gone or too slow)"),

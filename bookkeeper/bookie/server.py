@@ -106,6 +106,14 @@ REFUSAL_LOG_INTERVAL_S = 10.0  # a flood of refused connections logs one line pe
 MAX_UNAUTHENTICATED_PER_HOST = 64
 
 
+# A sender with at most this many adds waiting for the journal, whose receive buffers are at
+# most LIGHT_SENDER_BYTES, is read on while the shard is over its memory bounds
+# (ShardServer.apply_backpressure).
+LIGHT_SENDER_ADDS = 32
+LIGHT_SENDER_BYTES = 64 << 10
+ADD_RESPONSE_BYTES = 40  # an add's encoded response in BookieProtocol.pending (the C add path)
+
+
 @dataclass(frozen=True)
 class PeerBounds:
     """What one peer may hold of a shard (the bookie config keys of the same names)."""
@@ -237,7 +245,7 @@ class BookieProtocol(asyncio.Protocol):
         self.shard.wake_parked()
         self.flush()
         if bad is None:
-            self.shard.apply_backpressure(self)
+            self.shard.apply_backpressure(self, len(data))
             return
         self.bad_frame(bad)
 
@@ -671,9 +679,22 @@ class ShardServer:
         journal = self.journal
         return (journal is not None and journal.full) or self.storage.write_cache_bytes > self.write_cache_max_bytes
 
-    def apply_backpressure(self, conn: BookieProtocol) -> None:
-        """Stop reading from a sender while the shard is over its memory bounds."""
+    def apply_backpressure(self, conn: BookieProtocol, received: int) -> None:
+        """Stop reading from a sender while the shard is over its memory bounds, unless it is a
+        light one: at most LIGHT_SENDER_ADDS adds not yet durable, and the receive buffer it
+        sent (and any partial frame kept) at most LIGHT_SENDER_BYTES.
+
+        Why the exception (issue 28 item 4, fair shares): a bulk writer keeps the journal's
+        batch full, and every sender was paused alike, so a latency-sensitive writer's next
+        add sat unread until the sync in flight returned and then joined the block after the
+        one just sealed: a whole sync cycle more than the bulk writer's adds waited. Read on,
+        it joins the next block. What a light sender can add past the bound is bounded by
+        the two limits (about 2 MiB at most per connection, by max_connections in all)."""
         if conn.transport and self._over_bounds():
+            if (received <= LIGHT_SENDER_BYTES and len(conn._buf) <= LIGHT_SENDER_BYTES
+                    and len(conn.pending) <= LIGHT_SENDER_ADDS * ADD_RESPONSE_BYTES):
+                self.counters["light_senders_read_on"] += 1
+                return
             conn.transport.pause_reading()
             self.paused[conn] = None
 
