@@ -680,18 +680,22 @@ class ShardServer:
         return (journal is not None and journal.full) or self.storage.write_cache_bytes > self.write_cache_max_bytes
 
     def apply_backpressure(self, conn: BookieProtocol, received: int) -> None:
-        """Stop reading from a sender while the shard is over its memory bounds, unless it is a
-        light one: at most LIGHT_SENDER_ADDS adds not yet durable, and the receive buffer it
-        sent (and any partial frame kept) at most LIGHT_SENDER_BYTES.
+        """Stop reading from a sender while the shard is over its memory bounds, unless the
+        bound is only the journal's full batch and it is a light sender: at most
+        LIGHT_SENDER_ADDS adds not yet durable, and the receive buffer it sent (and any
+        partial frame kept) at most LIGHT_SENDER_BYTES.
 
         Why the exception (issue 28 item 4, fair shares): a bulk writer keeps the journal's
         batch full, and every sender was paused alike, so a latency-sensitive writer's next
         add sat unread until the sync in flight returned and then joined the block after the
         one just sealed: a whole sync cycle more than the bulk writer's adds waited. Read on,
-        it joins the next block. What a light sender can add past the bound is bounded by
-        the two limits (about 2 MiB at most per connection, by max_connections in all)."""
+        it joins the next block. What a light sender can add past the batch's bound is
+        bounded by the two limits (about 2 MiB at most per connection, by max_connections in
+        all). Never past the write cache's bound: durable adds leave the batch for the cache,
+        so light senders would grow it without end while a checkpoint lags."""
         if conn.transport and self._over_bounds():
-            if (received <= LIGHT_SENDER_BYTES and len(conn._buf) <= LIGHT_SENDER_BYTES
+            if (self.storage.write_cache_bytes <= self.write_cache_max_bytes
+                    and received <= LIGHT_SENDER_BYTES and len(conn._buf) <= LIGHT_SENDER_BYTES
                     and len(conn.pending) <= LIGHT_SENDER_ADDS * ADD_RESPONSE_BYTES):
                 self.counters["light_senders_read_on"] += 1
                 return
