@@ -23,12 +23,28 @@ KEY = master_key(b"bp")
 
 
 class Socket(asyncio.Transport):
-    """Records whether the server wants to read from this sender."""
+    """Records whether the server wants to read from this sender; what `send` gives it while
+    it is paused waits, and is delivered on the loop's next turn after it resumes (as a
+    socket's kernel buffer would)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reading = True
         self.received = bytearray()
+        self.conn: BookieProtocol | None = None
+        self.waiting: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        """The peer sends data: read now if the server reads this sender, else queued."""
+        assert self.conn is not None
+        if self.reading and not self.waiting:
+            self.conn.data_received(data)
+        else:
+            self.waiting.append(data)
+
+    def _deliver(self) -> None:
+        while self.reading and self.waiting and self.conn is not None:
+            self.conn.data_received(self.waiting.pop(0))
 
     def write(self, data: bytes) -> None:  # type: ignore[override]
         self.received += data
@@ -42,6 +58,8 @@ class Socket(asyncio.Transport):
 
     def resume_reading(self) -> None:
         self.reading = True
+        if self.waiting:
+            asyncio.get_running_loop().call_soon(self._deliver)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -97,36 +115,54 @@ def test_full_journal_batch_pauses_the_sender_until_the_sync_returns(tmp_path: P
 
 def test_a_light_sender_is_read_on_while_a_bulk_sender_fills_the_journal(tmp_path: Path) -> None:
     """Fair shares (issue 28 item 4): behind a sync in flight, a bulk sender fills the batch and
-    is paused; a sender with a few adds waiting (<= LIGHT_SENDER_ADDS) in small receive
-    buffers is read on, and its adds go into the next block with the bulk ones. Past that
-    many adds waiting, it is paused like any other."""
+    is paused; a sender with a few C-path adds waiting (<= LIGHT_SENDER_ADDS) in small receive
+    buffers is read on, and its adds go into the next block with the bulk ones: answered at
+    the second sync's return (paused, the second and third would wait for the third). Past
+    that many adds waiting, or with a Python-path reply waiting (a ledger's first add, a
+    fence), it is paused like any other."""
     from bookkeeper.bookie.server import LIGHT_SENDER_ADDS
 
     async def main() -> None:
         server, journal, syncer, bulk, bulk_sock = shard(tmp_path)
         light, light_sock = BookieProtocol(server), Socket()
         light.connection_made(light_sock)
+        light_sock.conn = light
+        light_sock.send(adds(3, 0, 1, 100))  # the ledger's first add: the Python path
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert len(light_sock.responses()) == 1 and light.journal_waiting == 0
         bulk.data_received(adds(2, 0, 10, 100))
         await asyncio.sleep(0)  # a sync in flight
         bulk.data_received(adds(2, 10, 60, 100))
         assert journal.full and not bulk_sock.reading
-        for e in range(3):  # one add at a time, as a W=1 writer sends them
-            light.data_received(adds(3, e, 1, 100))
-            assert light_sock.reading
+        for e in range(1, 4):  # one add at a time, as a W=1 writer sends them
+            light_sock.send(adds(3, e, 1, 100))
+        assert light_sock.reading and not light_sock.waiting
         assert server.counters["light_senders_read_on"] == 3
         syncer.complete_one()  # the first block durable; the next one, with both senders' adds, sealed
-        assert light_sock.responses() == [] and bulk_sock.reading
+        assert len(light_sock.responses()) == 1 and bulk_sock.reading
         syncer.complete_one()
-        assert sorted(r[4] for r in light_sock.responses()) == [0, 1, 2]  # the first made the ledger: Python path
+        assert [r[4] for r in light_sock.responses()] == [0, 1, 2, 3]
         bulk.data_received(adds(2, 70, 1, 100))
         await asyncio.sleep(0)  # a sync in flight again
         bulk.data_received(adds(2, 71, 60, 100))  # full again
         assert journal.full and not bulk_sock.reading
-        light.data_received(adds(3, 3, LIGHT_SENDER_ADDS + 1, 100))  # too many waiting: no longer light
+        light_sock.send(adds(3, 4, LIGHT_SENDER_ADDS + 1, 100))  # too many waiting: no longer light
         assert not light_sock.reading
         syncer.release_all()
+        await asyncio.sleep(0)
         syncer.release_all()
         assert light_sock.reading and bulk_sock.reading
+        fence = encode_request(Op.READ_LAC, int(Flag.FENCE), 99, 5, -1, KEY, 0, b"")
+        bulk.data_received(adds(2, 200, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight again
+        bulk.data_received(adds(2, 201, 60, 100))
+        light_sock.send(fence)  # its reply waits in the journal: the sender is no longer light
+        assert light.journal_waiting == 1 and not light_sock.reading
+        syncer.release_all()
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert light.journal_waiting == 0 and light_sock.reading
         journal.close()
         server.storage.close()
 

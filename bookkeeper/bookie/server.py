@@ -133,6 +133,7 @@ class BookieProtocol(asyncio.Protocol):
         self._buf = bytearray()
         self._out: list[Response] = []
         self.pending = bytearray()  # encoded responses of adds not yet durable (the C add path)
+        self.journal_waiting = 0  # replies of the Python path waiting in the journal (ShardServer._journal_reply)
         self.closed = False
         self._refusing = False  # a bad frame arrived: answer what came before it, then close
         self.writing_paused = False  # the peer does not read its answers: see pause_writing
@@ -529,7 +530,7 @@ class ShardServer:
         self._idle_sweep: asyncio.TimerHandle | None = None
         # per op code, "bad_frames", "add_errors", "fence", "connections_refused", "long_polls_refused",
         # "idle_closed", "tls_handshakes", "tls_handshake_failures", "auth_successes", "auth_expired_closed",
-        # "unauthenticated_refused", "auth_timeouts", "auth_backoff_refused"
+        # "unauthenticated_refused", "auth_timeouts", "auth_backoff_refused", "light_senders_read_on"
         self.counters: dict[int | str, int] = defaultdict(int)
         self.histograms = shard_histograms()
         self._add_latency = self.histograms["add_entry_latency_seconds"]
@@ -681,21 +682,26 @@ class ShardServer:
 
     def apply_backpressure(self, conn: BookieProtocol, received: int) -> None:
         """Stop reading from a sender while the shard is over its memory bounds, unless the
-        bound is only the journal's full batch and it is a light sender: at most
-        LIGHT_SENDER_ADDS adds not yet durable, and the receive buffer it sent (and any
-        partial frame kept) at most LIGHT_SENDER_BYTES.
+        bound is only the journal's full batch (and the batch is under twice its bounds) and
+        it is a light sender: at most LIGHT_SENDER_ADDS C-path adds not yet durable, no reply
+        of the Python path waiting (a fence, an add the C path did not take: their items can
+        hold an entry's bytes the batch does not count), and the receive buffer it sent (and
+        any partial frame kept) at most LIGHT_SENDER_BYTES.
 
         Why the exception (issue 28 item 4, fair shares): a bulk writer keeps the journal's
         batch full, and every sender was paused alike, so a latency-sensitive writer's next
         add sat unread until the sync in flight returned and then joined the block after the
         one just sealed: a whole sync cycle more than the bulk writer's adds waited. Read on,
-        it joins the next block. What a light sender can add past the batch's bound is
-        bounded by the two limits (about 2 MiB at most per connection, by max_connections in
-        all). Never past the write cache's bound: durable adds leave the batch for the cache,
-        so light senders would grow it without end while a checkpoint lags."""
+        it joins the next block. What light senders add past the batch's bound is bounded per
+        connection (about 2 MiB) and in all (the batch at twice its bounds). Never past the
+        write cache's bound: every staged add is in the cache, and a checkpoint that lags
+        would otherwise let light senders grow it without end."""
         if conn.transport and self._over_bounds():
-            if (self.storage.write_cache_bytes <= self.write_cache_max_bytes
+            journal = self.journal
+            if (journal is not None and journal.under_twice_its_bounds
+                    and self.storage.write_cache_bytes <= self.write_cache_max_bytes
                     and received <= LIGHT_SENDER_BYTES and len(conn._buf) <= LIGHT_SENDER_BYTES
+                    and not conn.journal_waiting
                     and len(conn.pending) <= LIGHT_SENDER_ADDS * ADD_RESPONSE_BYTES):
                 self.counters["light_senders_read_on"] += 1
                 return
@@ -729,6 +735,7 @@ class ShardServer:
                     pending[conn] = pending.get(conn, 0) + item[4]
                     self._add_latency.observe(now - t, item[3])
             elif conn is not None:
+                conn.journal_waiting -= 1
                 per_conn.setdefault(conn, []).append(resp)
                 if resp[0] == _ADD:
                     if t != run_t:
@@ -791,6 +798,7 @@ class ShardServer:
                 self.counters["add_errors"] += item[3]
                 pending[conn] = pending.get(conn, 0) + item[4]
             else:
+                conn.journal_waiting -= 1
                 self.counters["add_errors"] += resp[0] == _ADD
                 per_conn.setdefault(conn, []).append(
                     (resp[0], Status.SERVER_ERROR, resp[2], resp[3], resp[4], -1, b""))
@@ -876,8 +884,16 @@ class ShardServer:
         self.storage.put_entry(ledger_id, entry_id, payload, blob_lac)
         if self._waiters and ledger_id in self._waiters:
             self._to_wake.add(ledger_id)  # its LAC or its entries moved: see wake_parked
-        self.journal.append(REC_ADD, ledger_id, entry_id, payload,  # type: ignore[union-attr]
-                            (conn, (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b""), self.now))
+        self._journal_reply(conn, REC_ADD, ledger_id, entry_id, payload,
+                            (_ADD, _OK, req_id, ledger_id, entry_id, st.lac, b""))
+
+    def _journal_reply(self, conn: BookieProtocol, rtype: int, ledger_id: int, entry_id: int, data: bytes,
+                       resp: Response) -> None:
+        """Journal a record whose reply waits for it to be durable (the Python path: an add
+        the C path did not take, a fence), counted on the connection until it is answered
+        (apply_backpressure's light senders have none waiting)."""
+        conn.journal_waiting += 1
+        self.journal.append(rtype, ledger_id, entry_id, data, (conn, resp, self.now))  # type: ignore[union-attr]
 
     def _new_ledger(self, ledger_id: int, key: bytes) -> LedgerState:
         """First sight of a ledger on this shard: its state, and its master key journaled."""
@@ -925,8 +941,8 @@ class ShardServer:
             assert self.journal is not None
             data = self.storage.get_entry(ledger_id, entry_id) if entry_id >= 0 else None
             status = Status.OK if data is not None else Status.NO_SUCH_ENTRY
-            self.journal.append(REC_FENCE, ledger_id, -1, b"",
-                                (conn, (op, status, req_id, ledger_id, entry_id, st.lac, data or b""), self.now))
+            self._journal_reply(conn, REC_FENCE, ledger_id, -1, b"",
+                                (op, status, req_id, ledger_id, entry_id, st.lac, data or b""))
             return None
         assert st is not None
         if flags & _LONG_POLL and entry_id >= 0:
@@ -951,8 +967,8 @@ class ShardServer:
             st = self._fence(ledger_id, st, key, decision.create)
             assert self.journal is not None
             last = self.storage.last_entry_id(ledger_id)
-            self.journal.append(REC_FENCE, ledger_id, -1, b"",
-                                (conn, (op, Status.OK, req_id, ledger_id, last, st.lac, b""), self.now))
+            self._journal_reply(conn, REC_FENCE, ledger_id, -1, b"",
+                                (op, Status.OK, req_id, ledger_id, last, st.lac, b""))
             return None
         assert st is not None
         return conn.respond((op, Status.OK, req_id, ledger_id, self.storage.last_entry_id(ledger_id), st.lac, b""))

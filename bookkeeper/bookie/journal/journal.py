@@ -403,6 +403,12 @@ class Journal:
         """The filling batch reached its bytes or entries bound: senders should wait (backpressure)."""
         return self._batch.nbytes >= self.batch_bytes_max or self._batch.count >= self.batch_entries_max
 
+    @property
+    def under_twice_its_bounds(self) -> bool:
+        """The filling batch is under twice its bytes and entries bounds: the room light
+        senders may still take while it is full (server.ShardServer.apply_backpressure)."""
+        return self._batch.nbytes < 2 * self.batch_bytes_max and self._batch.count < 2 * self.batch_entries_max
+
     def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
         """Add a record to the current batch; item is handed to on_durable once it is durable."""
         if self._failed is not None:
