@@ -917,7 +917,7 @@ def test_a_full_file_takes_blocks_past_its_allocation_until_the_next_file_is_rea
             await asyncio.wait_for(j.drain(), 5)
         assert j.file_ids() == [first] and j.stats["deferred_rolls"] == 1
         assert os.stat(j._path(first)).st_size > 64 << 10  # the blocks extended it
-        j._next.set_result(j._prepare(first + 1))
+        j._next.set_result(j._prepare(first))
         for i in range(8, 12):
             j.append(REC_ADD, 1, i, bytes(20 << 10), item=i)
             await asyncio.wait_for(j.drain(), 5)
@@ -1340,6 +1340,18 @@ def test_trimmed_files_are_reused_and_replay_ignores_their_earlier_blocks(tmp_pa
     assert got == last and res.blocks_torn == 0 and res.reused_ends == 0
 
 
+async def _fill_file_1_then_pool_it(j: Journal, records: list[tuple]) -> None:
+    """Start j, write records to file 1 (a block each), roll to file 2 (3 is prepared then,
+    zero-filled), trim file 1 into the pool, roll to file 3: file 4 is prepared from file 1."""
+    j.start()
+    for r in records:
+        j.append(*r, item=None)
+        await j.drain()
+    j._open_new_file()
+    j.trim(j.file_id)
+    j._open_new_file()
+
+
 def test_a_crash_with_a_reused_next_file_prepared_loses_no_record(tmp_path: Path) -> None:
     """Killed (never closed) while the next file, prepared from the pool, waits with its new
     header, REUSED flag and an earlier use's blocks: replay yields exactly the records written,
@@ -1353,13 +1365,7 @@ def test_a_crash_with_a_reused_next_file_prepared_loses_no_record(tmp_path: Path
         loop = asyncio.get_running_loop()
         syncer = ThreadSyncer(loop)
         j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=256 << 10, reuse_files=4)
-        j.start()
-        for r in big:
-            j.append(*r, item=None)
-            await j.drain()
-        j._open_new_file()  # to file 2; 3 prepared (zero-filled)
-        j.trim(j.file_id)  # file 1 pooled
-        j._open_new_file()  # to file 3; 4 prepared from file 1
+        await _fill_file_1_then_pool_it(j, big)  # now in file 3; 4 prepared from file 1
         assert j._next is not None and j._next.result().reused
         for r in mine:
             j.append(*r, item=None)
@@ -1518,13 +1524,7 @@ def test_corrupt_block_in_a_reused_file_is_refused(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         syncer = ThreadSyncer(loop)
         j = new_journal(tmp_path, syncer, loop, Sink(), preallocate_bytes=256 << 10, reuse_files=1)
-        j.start()
-        for r in big:
-            j.append(*r, item=None)
-            await j.drain()
-        j._open_new_file()
-        j.trim(j.file_id)  # file 1 pooled; file 3 was prepared at that roll, zero-filled
-        j._open_new_file()
+        await _fill_file_1_then_pool_it(j, big)
         j._open_new_file()  # reuses file 1 as file 4
         assert j.stats["reused_rolls"] == 1
         starts = []

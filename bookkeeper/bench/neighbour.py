@@ -263,6 +263,8 @@ def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, 
     queued (in the journal's filling batch: a sync in flight ahead of it, a group wait), sync
     (the block's write + fdatasync and the loop learning of it), answer (the block's responses
     written before this one's), to_client (the wire back and the client's loop)."""
+    if not adds:
+        return {"adds": 0, "joined": 0}
     by_arrival = sorted(records, key=lambda r: r[1])
     arrivals = [r[1] for r in by_arrival]
     joined: list[tuple[float, tuple[float, ...], int]] = []
@@ -274,8 +276,6 @@ def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, 
         _peer, arrival, sealed, synced, answered, _n, _records, block_bytes = mine[ack_quorum - 1]
         joined.append((t1 - t0, (arrival - t0, sealed - arrival, synced - sealed, answered - synced, t1 - answered),
                        block_bytes))
-    if not adds:
-        return {"adds": 0, "joined": 0}
     latencies = sorted(t1 - t0 for t0, t1 in adds)
     threshold = latencies[min(len(latencies) - 1, int(quantile * len(latencies)))]
     slow = [j for j in joined if j[0] >= threshold]

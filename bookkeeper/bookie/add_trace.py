@@ -19,6 +19,7 @@ same host can lay its own send and receive times beside them.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from collections import deque
 from typing import Any
@@ -107,6 +108,7 @@ class AddTrace:
             self.records.append((name, item[2], sealed, synced, answered[conn], adds, block_records, block_bytes))
 
     def report(self, now: float) -> dict[str, Any]:
-        """What the control op answers: the records (as lists, FIELDS order) and the trace's state."""
+        """What the control op answers: the records (as lists, FIELDS order) and the trace's
+        state; remaining_s is rounded up, so 0 means it records no more."""
         return {"fields": list(FIELDS), "records": [list(r) for r in self.records], "dropped": self.dropped,
-                "peers": sorted(self.peers), "remaining_s": round(max(0.0, self.until - now), 3)}
+                "peers": sorted(self.peers), "remaining_s": math.ceil(max(0.0, self.until - now) * 1000) / 1000}

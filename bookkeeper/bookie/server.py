@@ -746,15 +746,22 @@ class ShardServer:
         if run:
             self._add_latency.observe(now - run_t, run)
         trace = self.add_trace
-        if trace is not None and self.clock() >= trace.until:
+        if trace is not None and now >= trace.until:
             self.add_trace = trace = None  # its records stay readable until the next trace starts
-        if trace is None:
-            for conn, nbytes in pending.items():
-                conn.send_pending(nbytes)
-            for conn, responses in per_conn.items():
-                conn.send_now(responses)
-        else:
-            self._answer_traced(trace, items, pending, per_conn)
+        # While a trace runs, each connection's answer is stamped as its first write begins
+        # (a stamp after it could come later than the peer's receipt, on another core).
+        started: dict[BookieProtocol, float] | None = None if trace is None else {}
+        for conn, nbytes in pending.items():
+            if started is not None:
+                started[conn] = self.clock()
+            conn.send_pending(nbytes)
+        for conn, responses in per_conn.items():
+            if started is not None and conn not in started:
+                started[conn] = self.clock()
+            conn.send_now(responses)
+        if started is not None:
+            assert trace is not None and self.journal is not None
+            trace.record(items, self.journal.durable_block, started)
         self.release_backpressure()
 
     # -- add trace -------------------------------------------------------------
@@ -770,22 +777,6 @@ class ShardServer:
         if self._last_trace is None:
             return {"fields": [], "records": [], "dropped": 0, "peers": [], "remaining_s": 0.0}
         return self._last_trace.report(self.clock())
-
-    def _answer_traced(self, trace: AddTrace, items: list[Any], pending: dict[BookieProtocol, int],
-                       per_conn: dict[BookieProtocol, list[Response]]) -> None:
-        """on_durable's sends while a trace runs: each connection's answer stamped as its
-        write begins (a stamp after it could come later than the peer's receipt, on another
-        core), then the block's traced adds recorded."""
-        clock = self.clock
-        assert self.journal is not None
-        started: dict[BookieProtocol, float] = {}
-        for conn, nbytes in pending.items():
-            started[conn] = clock()
-            conn.send_pending(nbytes)
-        for conn, responses in per_conn.items():
-            started.setdefault(conn, clock())  # its first write began with its pending bytes
-            conn.send_now(responses)
-        trace.record(items, self.journal.durable_block, started)
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}

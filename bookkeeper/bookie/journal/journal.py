@@ -175,9 +175,10 @@ class Journal:
         """Trimmed files kept for reuse, oldest first."""
         return sorted(self.dir.glob(POOL_GLOB))
 
-    def _prepare(self, file_id: int) -> _NextFile:
-        """Make file `file_id` ready to take blocks (the filler thread, ahead of the roll that
-        needs it; in line at start-up): a trimmed file from the pool renamed to it, else a
+    def _prepare(self, after: int) -> _NextFile:
+        """Make the next file (its id past `after` and past every file there is: a replayed
+        one, a test's) ready to take blocks (the filler thread, ahead of the roll that needs
+        it, so that listing the directory is off the loop too): a trimmed file from the pool renamed to it, else a
         zero-filled one (filled as SPARE_FILE, then renamed), else, without pooling, a
         fallocate'd one; then its header written and synced and the directory synced.
 
@@ -190,6 +191,7 @@ class Journal:
         every connection of the shard stalled meanwhile. A file prepared and never used (the
         shard stopped first) holds a header and no block: replay reads nothing from it.
         """
+        file_id = max(max(self.file_ids(), default=after), after) + 1
         path = self._path(file_id)
         reused = False
         pooling = self.pooling  # as the shard says now, not when this was asked for
@@ -230,8 +232,7 @@ class Journal:
             return
         if self._filler is None:
             self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="journal-spare")
-        next_id = max(self.file_ids(), default=self.file_id) + 1  # past any file there is (a test's, a replayed one)
-        self._next = self._filler.submit(self._prepare, next_id)
+        self._next = self._filler.submit(self._prepare, self.file_id)
 
     def _roll(self, *, wait: bool = False) -> bool:
         """Move to the next file if it is prepared (nothing may be in flight); False if it is
@@ -288,7 +289,6 @@ class Journal:
 
     def start(self) -> None:
         """Open a fresh journal file (after replay), past every file there is."""
-        self.file_id = max(self.file_ids(), default=self.file_id)
         self._open_new_file()
 
     def position(self) -> tuple[int, int]:
@@ -364,14 +364,19 @@ class Journal:
         pooled = len(self.pool())
         for fid in self.file_ids():
             if fid < min(mark_file_id, self.file_id):  # never the file in use, nor the next one prepared
-                path = self._path(fid)
-                if self.pooling and pooled < self.reuse_files and _file_version(path) >= 2:
-                    os.rename(path, self.dir / f"reuse-{fid:016x}.jnl.tmp")
-                    pooled += 1
-                else:
-                    path.unlink(missing_ok=True)
+                pooled += self._retire(fid, pooled)
                 removed += 1
         return removed
+
+    def _retire(self, file_id: int, pooled: int) -> bool:
+        """Put a file no longer needed in the pool (pooling on, fewer than reuse_files pooled,
+        format 2 only), else delete it; True if pooled."""
+        path = self._path(file_id)
+        if self.pooling and pooled < self.reuse_files and _file_version(path) >= 2:
+            os.rename(path, self.dir / f"reuse-{file_id:016x}.jnl.tmp")
+            return True
+        path.unlink(missing_ok=True)
+        return False
 
     def release(self, names: list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
         """Delete these pooled files (names from pool_files); returns what was freed as (name,
@@ -561,11 +566,7 @@ class Journal:
         elif nxt is not None and nxt.done():
             unused = nxt.result()  # prepared, never used: back to the pool (or gone) rather than left as
             os.close(unused.fd)    # a file of a header and no block (which replay would read as nothing)
-            path = self._path(unused.file_id)
-            if self.pooling and len(self.pool()) < self.reuse_files:  # trim's rule
-                os.rename(path, self.dir / f"reuse-{unused.file_id:016x}.jnl.tmp")
-            else:
-                path.unlink(missing_ok=True)
+            self._retire(unused.file_id, len(self.pool()))
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
