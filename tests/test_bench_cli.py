@@ -148,7 +148,8 @@ def test_bench_ledgers_reports_every_phase_at_each_count(tmp_path: Path) -> None
         assert rows[n, "write + creates"]["ratio_to_write"] > 0 and rows[n, "write + creates"]["creates_per_s"] > 0
         delete = rows[n, "delete under load"]
         assert delete["gc_passes"] >= 1 and all(v > 0 for v in delete["add_p99_ms"].values())
-        assert delete["loop_lag_max_s"] > 0 and rows[n, "write"]["loop_lag_max_s"] > 0  # the shards export it
+        for row in (delete, rows[n, "write"]):  # the shards export them; each a part of the one before
+            assert row["loop_lag_max_s"] >= row["loop_stall_max_s"] >= row["loop_blocked_max_s"] > 0, row
         creating = rows[n, "write + creates"]
         assert creating["slices"] == 8 and creating["adds_per_s_without"] > 0
         assert creating["ratio_to_write"] == pytest.approx(creating["ops_per_s"] / creating["adds_per_s_without"], rel=0.01)
@@ -164,28 +165,27 @@ def test_bench_ledgers_reports_every_phase_at_each_count(tmp_path: Path) -> None
     assert not list(tmp_path.iterdir()), "bench leaves no data behind"
 
 
-def test_bench_ledgers_reads_loop_lag_as_a_gauge_or_a_histogram_and_else_none() -> None:
-    """The shards' loop lag, whichever form the bookies export it in: a gauge's largest
-    sample over the phase; a histogram's smallest bucket bound that holds every observation
-    made during the phase; None when the bookies do not export it (the bench prints n/a)."""
-    from bookkeeper.bench.ledgers import LOOP_LAG, loop_lag_max, parse_metrics
+def test_bench_ledgers_reads_the_loop_histograms_over_a_phase_and_else_none() -> None:
+    """The shards' loop lag, stall and blocked maxima over a phase: each histogram's smallest
+    bucket bound that holds every observation made between the phase's two scrapes; None
+    when nothing was observed meanwhile, or when the bookies do not export it (n/a)."""
+    from bookkeeper.bench.ledgers import LOOP_FIGURES, loop_maxima, parse_metrics
 
-    def scrape(text: str) -> dict:
-        return parse_metrics(f"# TYPE {LOOP_LAG} {text}")
+    def histograms(counts: dict[str, tuple[int, ...]]) -> dict:
+        text = ""
+        for key, c in counts.items():
+            family = LOOP_FIGURES[key]
+            text += f"# TYPE {family} histogram\n" + "".join(
+                f'{family}_bucket{{le="{le}",shard="0"}} {n}\n' for le, n in zip(("0.01", "0.1", "1.0", "+Inf"), c))
+            text += f"{family}_count {c[-1]}\n{family}_sum 0.5\n"
+        return parse_metrics(text)
 
-    gauge = [scrape(f'gauge\n{LOOP_LAG}{{shard="0"}} {v}\n') for v in (0.001, 0.25, 0.002)]
-    assert loop_lag_max(gauge) == 0.25
-
-    def histogram(counts: tuple[int, ...]) -> dict:
-        buckets = "".join(f'{LOOP_LAG}_bucket{{le="{le}",shard="0"}} {n}\n'
-                          for le, n in zip(("0.01", "0.1", "1.0", "+Inf"), counts))
-        return scrape(f"histogram\n{buckets}{LOOP_LAG}_count {counts[-1]}\n{LOOP_LAG}_sum 0.5\n")
-
-    before, after = histogram((5, 5, 5, 5)), histogram((7, 8, 9, 9))
-    assert loop_lag_max([before, after]) == 1.0  # 4 new observations, the slowest in (0.1, 1.0]
-    assert loop_lag_max([before, before]) is None  # none observed during the phase
+    before = histograms({"loop_lag_max": (5, 5, 5, 5), "loop_stall_max": (5, 5, 5, 5)})
+    after = histograms({"loop_lag_max": (7, 8, 9, 9), "loop_stall_max": (5, 5, 5, 5)})
+    # 4 new lags, the slowest in (0.1, 1.0]; no stall observed meanwhile; blocked not exported
+    assert loop_maxima(before, after) == {"loop_lag_max_s": 1.0, "loop_stall_max_s": None, "loop_blocked_max_s": None}
     other = parse_metrics('# TYPE bookkeeper_ledgers gauge\nbookkeeper_ledgers{shard="0"} 3\n')
-    assert loop_lag_max([other, other]) is None
+    assert set(loop_maxima(other, other).values()) == {None}
 
 
 def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path) -> None:
@@ -202,9 +202,9 @@ def test_bench_neighbour_reports_each_phase_with_the_shards_view(tmp_path: Path)
         r = rows[phase]
         assert r["ops_per_s"] > 0 and r["max_ms"] >= r["latency_ms"]["p99"] > 0
         assert set(r["shards"]) == {"add_p99_ms", "journal_sync_p99_ms", "journal_block_p99_bytes", "loop_lag_max_ms",
-                                    "loop_stall_max_ms"}
-        assert r["shards"]["loop_stall_max_ms"] <= r["shards"]["loop_lag_max_ms"]
-        assert 0 <= r["client_loop_stall_max_ms"] <= r["client_loop_lag_max_ms"]
+                                    "loop_stall_max_ms", "loop_blocked_max_ms"}
+        assert r["shards"]["loop_blocked_max_ms"] <= r["shards"]["loop_stall_max_ms"] <= r["shards"]["loop_lag_max_ms"]
+        assert 0 <= r["client_loop_blocked_max_ms"] <= r["client_loop_stall_max_ms"] <= r["client_loop_lag_max_ms"]
         assert r["shards"]["add_p99_ms"] > 0 and r["shards"]["journal_block_p99_bytes"] > 0
         assert any(k.startswith("client[") for k in r["cpu_percent"]) and sum(k.count("-shard[") for k in r["cpu_percent"]) == 3
         slow = r["slow_adds"]  # the bookies' add trace joined with the writer's own times

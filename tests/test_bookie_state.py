@@ -8,6 +8,7 @@ BookieStateManager, GarbageCollectorThread (minor / major compaction); docs/oper
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import pytest
 
@@ -213,45 +214,44 @@ def test_finder_reads_one_stat_per_bucket_and_lists_only_changed_buckets(store: 
     assert gone == []
 
 
-def test_the_loop_stall_is_the_lag_less_the_threads_run_queue_wait() -> None:
-    """LoopLag's stall histogram: a loop held 60 ms by its own work, during which its thread
-    waited 45 ms for a CPU (as a run-queue reader says), records a lag of ~60 ms and a stall
-    of ~15 ms; a wait longer than the lag records no stall; and the default reader (this
-    thread's /proc schedstat) runs and moves monotonically."""
+def test_the_loop_stall_and_blocked_split_the_lag_by_the_threads_schedstat() -> None:
+    """LoopLag's stall and blocked histograms: a loop held 60 ms, during which its thread
+    waited 45 ms for a CPU and ran 10 ms (as a schedstat reader says), records a lag of ~60
+    ms, a stall of ~15 ms and a blocked time of ~5 ms; a wait longer than the lag records
+    neither. With the real reader (this thread's /proc schedstat), a loop held by a sleep
+    is blocked for most of the lag, and one held by a busy loop is not blocked at all."""
     import asyncio
     import time
 
     from bookkeeper.bookie.metrics import LoopLag
     from bookkeeper.metrics import LATENCY_BUCKETS_S
 
-    async def run(waits_ns: list[int]) -> tuple[Histogram, Histogram]:
-        lag, stall = Histogram(LATENCY_BUCKETS_S), Histogram(LATENCY_BUCKETS_S)
-        reads = iter(waits_ns)
-        probe = LoopLag(asyncio.get_running_loop(), lag, lambda: 1, period_s=0.01, stall=stall,
-                        runq_wait_ns=lambda: next(reads))
+    def busy(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    async def run(hold: Callable[[float], None], reads: list[tuple[int, int]] | None) -> list[Histogram]:
+        hs = [Histogram(LATENCY_BUCKETS_S) for _ in range(3)]
+        it = iter(reads or ())
+        probe = LoopLag(asyncio.get_running_loop(), hs[0], lambda: 1, period_s=0.01, stall=hs[1], blocked=hs[2],
+                        schedstat_ns=None if reads is None else lambda: next(it))
         probe.start()
         await asyncio.sleep(0.002)
-        time.sleep(0.07)  # the loop held until ~60 ms past the probe's due time
+        hold(0.07)  # the loop held until ~60 ms past the probe's due time
         await asyncio.sleep(0.001)  # the late probe runs
         probe.stop()
-        return lag, stall
+        return hs
 
-    lag, stall = asyncio.run(run([0, 45_000_000]))
-    assert sum(lag.snapshot()["counts"]) == sum(stall.snapshot()["counts"]) == 1
-    assert 0.055 <= lag.snapshot()["sum"] < 0.2
-    assert 0.01 <= stall.snapshot()["sum"] <= lag.snapshot()["sum"] - 0.045 + 1e-9
-    _lag, stall = asyncio.run(run([0, 500_000_000]))
-    assert stall.snapshot()["sum"] == 0.0
+    lag, stall, blocked = (h.snapshot() for h in asyncio.run(run(time.sleep, [(0, 0), (10_000_000, 45_000_000)])))
+    assert sum(lag["counts"]) == sum(stall["counts"]) == sum(blocked["counts"]) == 1
+    assert 0.055 <= lag["sum"] < 0.2
+    assert 0.01 <= stall["sum"] <= lag["sum"] - 0.045 + 1e-9
+    assert abs(blocked["sum"] - (stall["sum"] - 0.010)) < 1e-9
+    _lag, stall, blocked = (h.snapshot() for h in asyncio.run(run(time.sleep, [(0, 0), (0, 500_000_000)])))
+    assert stall["sum"] == blocked["sum"] == 0.0
 
-    async def default_reader() -> tuple[int, int]:
-        probe = LoopLag(asyncio.get_running_loop(), Histogram(LATENCY_BUCKETS_S), lambda: 1,
-                        stall=Histogram(LATENCY_BUCKETS_S))
-        probe.start()
-        try:
-            first = probe._thread_runq_wait_ns()
-            return first, probe._thread_runq_wait_ns()
-        finally:
-            probe.stop()
-
-    first, second = asyncio.run(default_reader())
-    assert 0 <= first <= second
+    lag, _stall, blocked = (h.snapshot() for h in asyncio.run(run(time.sleep, None)))
+    assert sum(blocked["counts"]) >= 1 and blocked["sum"] >= 0.03, (lag, blocked)  # asleep: neither on a CPU nor queued
+    lag, _stall, blocked = (h.snapshot() for h in asyncio.run(run(busy, None)))
+    assert lag["sum"] >= 0.055 and blocked["sum"] == 0.0, (lag, blocked)  # on a CPU or queued for one

@@ -40,7 +40,7 @@ the file pages a shard maps) over phase 1 (client) and phase 2 (shards, less the
 caches' growth). Python's cyclic GC is timed through gc.callbacks. A GC pass's
 ZooKeeper reads, buckets and ledgers are what the shards' answers to the forced pass report.
 A figure not measured is None ("n/a"): what the bookies do not report (an older bookie's
-GC reads; bookkeeper_shard_loop_lag_seconds until it exists) and memory per ledger below
+GC reads; a loop histogram it does not export) and memory per ledger below
 RSS_MIN_LEDGERS.
 
 `--metadata N` then writes N ledgers' metadata znodes straight into ZooKeeper (the store's
@@ -103,13 +103,17 @@ GC_DRAIN_TIMEOUT_S = 300.0  # phase 7: forced passes until the bookies hold none
 HELD_FOR_METADATA = 100  # --metadata: real ledgers the bookies hold while the pass runs
 METADATA_BATCH = 200  # --metadata: znode creates per multi-op (~100 KB, far below jute.maxbuffer)
 METADATA_IN_FLIGHT = 8  # --metadata: multi-ops in flight on one kazoo session
-LAG_SAMPLE_S = 1.0  # scrape interval of the loop-lag gauge, when the bookies export it
 # Allocated memory (RssAnon) moves by allocator arenas and by what freed memory gets reused:
 # below this many ledgers that noise exceeds what they hold, and per-ledger memory is None.
 RSS_MIN_LEDGERS = 1000
 WARM_UP_LEDGERS = 16  # created, written, closed, opened and deleted before the first N
 PASSWORD = b"bench-ledgers"
-LOOP_LAG = "bookkeeper_shard_loop_lag_seconds"
+# The shards' loop probe (bookkeeper/bookie/metrics.py LoopLag): a phase's row gets each one's
+# largest value as `<key>_s`: the lag, the part of it not spent waiting for a CPU, and the part
+# of that asleep (the GIL, a blocking call).
+LOOP_FIGURES = {"loop_lag_max": "bookkeeper_shard_loop_lag_seconds",
+                "loop_stall_max": "bookkeeper_shard_loop_stall_seconds",
+                "loop_blocked_max": "bookkeeper_shard_loop_blocked_seconds"}
 WRITE_CACHE = "bookkeeper_write_cache_bytes"
 GC_PATH = "/api/v1/bookie/gc"
 
@@ -171,17 +175,12 @@ def histogram_quantile(first: Scrape, last: Scrape, family: str, q: float) -> fl
     return min(le for le, n in grew.items() if n >= q * total)
 
 
-def loop_lag_max(scrapes: Sequence[Scrape]) -> float | None:
-    """The largest shard loop lag (seconds) seen over a phase's scrapes (the first taken at its
-    start, the last at its end), or None when the bookies do not export it. A gauge (or its
-    `_max`): the largest value scraped. A histogram: the smallest bucket bound holding every
-    observation made between the first and the last scrape (an upper bound of the maximum)."""
-    gauges = [v for s in scrapes for (name, _), v in s.items() if name in (LOOP_LAG, LOOP_LAG + "_max")]
-    if gauges:
-        return max(gauges)
-    if len(scrapes) < 2:
-        return None
-    return histogram_quantile(scrapes[0], scrapes[-1], LOOP_LAG, 1.0)
+def loop_maxima(first: Scrape, last: Scrape) -> dict[str, float | None]:
+    """The shards' largest loop lag, stall and blocked time (seconds) between two scrapes, as
+    `loop_lag_max_s`, `loop_stall_max_s`, `loop_blocked_max_s`: the smallest histogram bucket
+    bound holding every observation (an upper bound of the maximum); None for a histogram the
+    bookies do not export."""
+    return {f"{key}_s": histogram_quantile(first, last, family, 1.0) for key, family in LOOP_FIGURES.items()}
 
 
 def shard_sum(answers: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -329,32 +328,18 @@ class Probe:
 
 
 class LoopLag:
-    """The shards' largest loop lag over a phase, when the bookies export it: scraped at the
-    start, every LAG_SAMPLE_S while it runs (a gauge is a moment), and at the end."""
+    """The shards' loop figures over a phase (loop_maxima): every bookie scraped at its start
+    and at its end (histograms: the two scrapes hold every observation between them)."""
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
-        self.scrapes: list[Scrape] = []
-        self.task: asyncio.Task[None] | None = None
+        self.first: Scrape = {}
 
     async def start(self) -> None:
-        self.task = None
-        self.scrapes = [self._merged(await self.probe.scrape())]
-        if any(name.startswith(LOOP_LAG) for name, _ in self.scrapes[0]):
-            self.task = asyncio.create_task(self._sample())
+        self.first = self._merged(await self.probe.scrape())
 
-    async def _sample(self) -> None:
-        while True:
-            await asyncio.sleep(LAG_SAMPLE_S)
-            self.scrapes.append(self._merged(await self.probe.scrape()))
-
-    async def stop(self) -> float | None:
-        """The phase's largest lag in seconds; None when the bookies do not export it."""
-        if self.task is None:
-            return None
-        self.task.cancel()
-        self.scrapes.append(self._merged(await self.probe.scrape()))
-        return loop_lag_max(self.scrapes)
+    async def stop(self) -> dict[str, float | None]:
+        return loop_maxima(self.first, self._merged(await self.probe.scrape()))
 
     @staticmethod
     def _merged(scrapes: list[Scrape]) -> Scrape:
@@ -553,7 +538,7 @@ class Phases:
         await self.lag.start()
         lat = histogram()
         adds, dt, fig = await self.load_for(handles, lat, self.seconds)
-        self._row("write", adds, dt, lat, fig, adds, window=ADD_WINDOW, loop_lag_max_s=await self.lag.stop())
+        self._row("write", adds, dt, lat, fig, adds, window=ADD_WINDOW, **await self.lag.stop())
         return lat, adds / dt
 
     async def write_while_creating(self, handles: list[WriteHandle], write_rate: float) -> list[WriteHandle]:
@@ -638,7 +623,7 @@ class Phases:
         stop.set()
         await load
         self._row("delete under load", len(doomed), dt, lat, fig, gc_passes=passes, gc_drain_s=round(drain_s, 3),
-                  loop_lag_max_s=await self.lag.stop(),
+                  **await self.lag.stop(),
                   add_p99_ms={"baseline": latency_ms(baseline)["p99"], "during": latency_ms(during)["p99"],
                               "write_phase": latency_ms(write_lat)["p99"]})
         await in_flight(loaders, lambda lh: lh.close(), OPS_IN_FLIGHT)
@@ -843,7 +828,7 @@ def _print_rows(results: list[dict[str, Any]]) -> None:
     out.print(table)
     for r in results:
         notes = {k: r[k] for k in ("ratio_to_write", "creates_per_s", "add_p99_ms", "gc_passes", "gc_drain_s",
-                                   "loop_lag_max_s") if k in r}
+                                   "loop_lag_max_s", "loop_stall_max_s", "loop_blocked_max_s") if k in r}
         if notes:
             out.print(f"{r['name']}: " + ", ".join(f"{k}={'n/a' if v is None else v}" for k, v in notes.items()),
                       soft_wrap=True)

@@ -41,7 +41,7 @@ import uvloop
 
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
 from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
-from bookkeeper.bench.ledgers import LOOP_LAG, Scrape, histogram_quantile, parse_metrics
+from bookkeeper.bench.ledgers import LOOP_FIGURES, Scrape, histogram_quantile, parse_metrics
 from bookkeeper.bookie.admin import ADD_TRACE_PATH
 from bookkeeper.bookie.admin_client import admin_request
 from bookkeeper.bookie.metrics import Histogram, LoopLag
@@ -59,7 +59,6 @@ SERVICE_BYTES = 100
 WARM_UP_ADDS = 10
 TRACE_MARGIN_S = 10.0  # an add trace outlasts the W=1 phase by this (its adds' answers, the reading)
 SEGMENTS = ("to_shard", "queued", "sync", "answer", "to_client")  # add_breakdown's, in order
-LOOP_STALL = "bookkeeper_shard_loop_stall_seconds"  # the loop lag less its thread's run-queue wait
 SHARD_HISTOGRAMS = {"add_p99_ms": "bookkeeper_add_entry_latency_seconds",
                     "journal_sync_p99_ms": "bookkeeper_journal_sync_latency_seconds",
                     "journal_block_p99_bytes": "bookkeeper_journal_batch_bytes"}
@@ -86,7 +85,8 @@ def shard_figures(before: list[Scrape], after: list[Scrape]) -> dict[str, float 
     for name, family in SHARD_HISTOGRAMS.items():
         v = histogram_quantile(first, last, family, 0.99)
         out[name] = None if v is None else (round(v * 1000, 3) if name.endswith("_ms") else v)
-    for name, family in (("loop_lag_max_ms", LOOP_LAG), ("loop_stall_max_ms", LOOP_STALL)):
+    for key, family in LOOP_FIGURES.items():
+        name = f"{key}_ms"
         v = histogram_quantile(first, last, family, 1.0)
         out[name] = None if v is None else round(v * 1000, 3)
     return out
@@ -213,10 +213,10 @@ async def _service(uri: str, seconds: float, lat: Latencies,
     """The W=1 writer: one ledger, one add in flight, for `seconds`, its adds traced by the
     bookies (admins: their admin addresses) and laid beside its own send and answer times
     (add_breakdown). Also how late its own loop ran (the shards' probe, LoopLag, every
-    10 ms): the longest lag, and of it the longest not spent waiting for a CPU, in ms: the
-    client's part of a slow add."""
-    lag, stall = _Max(), _Max()
-    probe = LoopLag(asyncio.get_running_loop(), lag, time.monotonic_ns, stall=stall)  # always active
+    10 ms): the longest lag, of it the longest not spent waiting for a CPU, and of that the
+    longest asleep (the GIL, a blocking call), in ms: the client's part of a slow add."""
+    lag, stall, blocked = _Max(), _Max(), _Max()
+    probe = LoopLag(asyncio.get_running_loop(), lag, time.monotonic_ns, stall=stall, blocked=blocked)  # always active
     probe.start()
     mono = time.monotonic  # the clock the shards stamp with (CLOCK_MONOTONIC: one per host)
     counts = lat.counts
@@ -246,7 +246,8 @@ async def _service(uri: str, seconds: float, lat: Latencies,
     breakdown = add_breakdown(times, [r for shard in shards for r in shard["records"]], ack_quorum=2)
     breakdown["dropped"] = sum(shard["dropped"] for shard in shards)  # records a shard had no room for
     return len(times), dt, {"client_loop_lag_max_ms": round(lag.max * 1000, 3),
-                            "client_loop_stall_max_ms": round(stall.max * 1000, 3), "slow_adds": breakdown}
+                            "client_loop_stall_max_ms": round(stall.max * 1000, 3),
+                            "client_loop_blocked_max_ms": round(blocked.max * 1000, 3), "slow_adds": breakdown}
 
 
 def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, ack_quorum: int,

@@ -100,6 +100,9 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "shard_loop_stall_seconds": ("histogram", "the loop lag less the time the loop's thread waited for a CPU "
                                               "meanwhile (/proc schedstat): a lower bound of what the shard's "
                                               "own work, the GIL or a blocking call held the loop"),
+    "shard_loop_blocked_seconds": ("histogram", "the loop stall less the loop thread's time on a CPU meanwhile: "
+                                                "a lower bound of how long it slept though due, waiting for the "
+                                                "GIL (a worker thread held it) or in a blocking call"),
     "connections": ("gauge", "client connections open"),
     "paused_senders": ("gauge", "connections paused by backpressure"),
     "paused_readers": ("gauge", "connections not read because they do not read their answers "
@@ -136,6 +139,7 @@ def shard_histograms() -> dict[str, Histogram]:
         "gc_duration_seconds": Histogram(DURATION_BUCKETS_S),
         "shard_loop_lag_seconds": Histogram(LATENCY_BUCKETS_S),
         "shard_loop_stall_seconds": Histogram(LATENCY_BUCKETS_S),
+        "shard_loop_blocked_seconds": Histogram(LATENCY_BUCKETS_S),
     }
 
 
@@ -158,19 +162,27 @@ class LoopLag:
     A lag is also the time the loop's thread was runnable but waited for a CPU: on a machine
     with more busy threads than cores that is most of it (measured here, 2 cores, 3 bookies
     and two clients: lags of 20-85 ms were 75-100 % run-queue wait). `stall`, when given,
-    gets the lag less the run-queue wait its thread accumulated since the previous probe
-    (`runq_wait_ns()`, by default the thread's /proc schedstat): a lower bound of the part
-    the shard itself caused."""
+    gets the lag less the run-queue wait its thread accumulated since the previous probe: a
+    lower bound of the part the shard itself caused. `blocked`, when given, gets the lag less
+    that wait and less the thread's time on a CPU since the previous probe: a lower bound of
+    the time the loop's thread slept though a timer was due, which is waiting for the GIL (a
+    worker thread holds it: a checkpoint's flush, freeing flushed entries; on a busy machine
+    often while that thread itself waits for a CPU) or a blocking call on the loop. The
+    rest of a stall is the loop running: callbacks that take long. Both read
+    `schedstat_ns()`, (time on a CPU, time waiting on a run queue) in ns, by default the
+    loop thread's /proc schedstat (one pread a probe)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, histogram: Histogram, activity: Callable[[], int],
                  period_s: float = LOOP_LAG_PROBE_S, idle_period_s: float = LOOP_LAG_IDLE_S, *,
-                 stall: Histogram | None = None, runq_wait_ns: Callable[[], int] | None = None) -> None:
+                 stall: Histogram | None = None, blocked: Histogram | None = None,
+                 schedstat_ns: Callable[[], tuple[int, int]] | None = None) -> None:
         self.loop = loop
         self.histogram = histogram
         self.stall = stall
-        self._runq_wait_ns = runq_wait_ns
+        self.blocked = blocked
+        self._schedstat_ns = schedstat_ns
         self._schedstat = -1
-        self._waited = 0
+        self._was = (0, 0)  # schedstat at the previous probe
         self.activity = activity
         self.period_s = period_s
         self.idle_period_s = idle_period_s
@@ -180,29 +192,32 @@ class LoopLag:
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
-        """On the loop's thread (the default run-queue reader is that thread's schedstat)."""
-        if self.stall is not None and self._runq_wait_ns is None:
+        """On the loop's thread (the default schedstat reader is that thread's)."""
+        if (self.stall is not None or self.blocked is not None) and self._schedstat_ns is None:
             try:
                 self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-                self._runq_wait_ns = self._thread_runq_wait_ns
-                self._waited = self._runq_wait_ns()
+                self._schedstat_ns = self._thread_schedstat_ns
+                self._was = self._schedstat_ns()
             except (OSError, ValueError, IndexError):
-                self._stop_stall()  # no schedstat (a kernel without it): the lag alone
-        elif self._runq_wait_ns is not None:
-            self._waited = self._runq_wait_ns()
+                self._stop_split()  # no schedstat (a kernel without it): the lag alone
+        elif self._schedstat_ns is not None:
+            self._was = self._schedstat_ns()
         self._arm(time.monotonic(), self.period_s)
 
-    def _thread_runq_wait_ns(self) -> int:
-        """The loop thread's time on a run queue, waiting for a CPU (schedstat's second field)."""
-        return int(os.pread(self._schedstat, 128, 0).split()[1])
+    def _thread_schedstat_ns(self) -> tuple[int, int]:
+        """The loop thread's time on a CPU and on a run queue waiting for one (schedstat's first
+        two fields)."""
+        cpu, runq = os.pread(self._schedstat, 128, 0).split()[:2]
+        return int(cpu), int(runq)
 
-    def _stop_stall(self) -> None:
-        """No more stall figures (schedstat unreadable, or the probe stopped); the lag goes on."""
-        self.stall = None
+    def _stop_split(self) -> None:
+        """No more stall or blocked figures (schedstat unreadable, or the probe stopped); the
+        lag goes on."""
+        self.stall = self.blocked = None
         if self._schedstat >= 0:
             os.close(self._schedstat)
             self._schedstat = -1
-            self._runq_wait_ns = None
+            self._schedstat_ns = None
 
     def _arm(self, now: float, period_s: float) -> None:
         self._due = now + period_s
@@ -212,14 +227,18 @@ class LoopLag:
         now = time.monotonic()
         lag = max(0.0, now - self._due)
         self.histogram.observe(lag)
-        if self.stall is not None and self._runq_wait_ns is not None:
+        if self._schedstat_ns is not None:
             try:
-                waited = self._runq_wait_ns()
+                cpu, runq = self._schedstat_ns()
             except (OSError, ValueError, IndexError):
-                self._stop_stall()
+                self._stop_split()
             else:
-                self.stall.observe(max(0.0, lag - (waited - self._waited) / 1e9))
-                self._waited = waited
+                not_waiting = lag - (runq - self._was[1]) / 1e9
+                if self.stall is not None:
+                    self.stall.observe(max(0.0, not_waiting))
+                if self.blocked is not None:
+                    self.blocked.observe(max(0.0, not_waiting - (cpu - self._was[0]) / 1e9))
+                self._was = (cpu, runq)
         seen = self.activity()
         if seen != self._seen:
             self._seen, self._active_at = seen, now
@@ -229,7 +248,7 @@ class LoopLag:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._stop_stall()
+        self._stop_split()
 
 
 def families(snapshots: Mapping[int, Mapping[str, Any]]) -> Iterator[Metric]:

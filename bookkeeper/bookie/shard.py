@@ -317,7 +317,8 @@ class Shard:
         counters = self.server.counters
         lag = LoopLag(self.loop, self.server.histograms["shard_loop_lag_seconds"],
                       lambda: sum(n for op, n in counters.items() if isinstance(op, int)),  # requests, per op
-                      stall=self.server.histograms["shard_loop_stall_seconds"])
+                      stall=self.server.histograms["shard_loop_stall_seconds"],
+                      blocked=self.server.histograms["shard_loop_blocked_seconds"])
         lag.start()
         try:
             await self._stopping.wait()
