@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine, Iterator
@@ -85,30 +87,45 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         c.stop()
 
 
-def shared_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory that every pytest-xdist worker of this run sees (the run's base temp dir),
-    or this session's base temp dir when there are no workers."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 SOURCE_DATE_EPOCH = "315532800"  # ansible/roles/bookie/defaults/main.yml: bookie_wheel_source_date_epoch
 
 
+def source_files() -> list[Path]:
+    """The checkout's source files, relative (tracked, and new ones git does not ignore): a
+    source tree with nothing built in it, as a controller or a user checks it out."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    return [Path(rel) for rel in filter(None, listed) if (REPO / rel).is_file()]
+
+
+def _wheel_cache() -> Path:
+    """Where this checkout's wheel for this interpreter is kept: named by the interpreter and a
+    hash of every source file's path and bytes, so any edit names another directory."""
+    h = hashlib.sha256(SOURCE_DATE_EPOCH.encode())
+    for rel in sorted(source_files()):
+        h.update(str(rel).encode() + b"\0" + (REPO / rel).read_bytes() + b"\0")
+    return REPO / "build" / f"wheel-{sys.implementation.cache_tag}-{h.hexdigest()[:16]}"
+
+
 @pytest.fixture(scope="session")
-def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's wheel, built once per test run as a user would (`pip wheel .`: pip's isolated
-    build environment gets setuptools, Cython and liburing from pyproject.toml), reproducibly
+def built_wheel() -> Path:
+    """The project's wheel, built as a user would (`pip wheel .`: pip's isolated build
+    environment gets setuptools, Cython and liburing from pyproject.toml), reproducibly
     (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare; the
     value is the Ansible role's bookie_wheel_source_date_epoch, so the role's own build of
     this commit gives these very bytes).
-    Under xdist the first worker that needs it builds it and the others wait for that one
-    (a file lock): a build is ~90 s of CPU on a 2-core machine."""
-    out = shared_tmp_dir(tmp_path_factory) / "wheel"
-    out.mkdir(exist_ok=True)
-    with open(out / ".lock", "w") as lock:
+    Built once per source tree and interpreter, kept under build/ (_wheel_cache): `make test`
+    runs pytest twice (the multi-host module alone, then the rest) and a build is ~90 s of CPU
+    on a 2-core machine, which the Ansible module, the longest, waited out at its start. Under
+    xdist the first worker that needs it builds it and the others wait for that one (a file
+    lock); a build for other sources is removed when this one is made."""
+    out = _wheel_cache()
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / ".wheel.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not list(out.glob("bookkeeper_py-*.whl")):
+            for old in out.parent.glob(f"wheel-{sys.implementation.cache_tag}-*"):
+                shutil.rmtree(old)
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
                            check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
                            stdin=subprocess.DEVNULL)

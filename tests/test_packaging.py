@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper.testing.cluster import LocalCluster, free_port_block
-from tests.conftest import REPO, SOURCE_DATE_EPOCH
+from tests.conftest import REPO, SOURCE_DATE_EPOCH, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime(45)]
 EXTENSIONS = ("wire", "journal", "client", "entrylog", "shardpath", "uring")
@@ -59,14 +59,10 @@ def test_wheel_holds_the_extensions_dependencies_extras_and_script(built_wheel: 
 
 
 def _source_copy(dest: Path) -> Path:
-    """The checkout's files (tracked, and new ones git does not ignore) copied to dest: a
-    source tree with nothing built in it, as a controller or a user checks it out."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
+    """The checkout's source files (conftest.source_files) copied to dest."""
+    for rel in source_files():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
     return dest
 
 
