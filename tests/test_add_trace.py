@@ -19,7 +19,8 @@ import pytest
 
 from bookkeeper import BookKeeper
 from bookkeeper.bench.neighbour import SEGMENTS, add_breakdown
-from bookkeeper.bookie.add_trace import FIELDS, MAX_PEERS, MAX_RECORDS, AddTrace, parse_peers, parse_seconds
+from bookkeeper.bookie.add_trace import FIELDS, MAX_PEERS, MAX_RECORDS, REPORT_PAGE, AddTrace, parse_peers, parse_seconds
+from bookkeeper.bookie.admin import add_trace_report
 from bookkeeper.testing.cluster import LocalCluster
 from tests.conftest import run
 
@@ -64,12 +65,51 @@ def test_a_trace_keeps_only_its_peers_adds_and_counts_what_it_drops() -> None:
                                                 ["127.0.0.1:4000", 1.5, 2.0, 3.0, 3.5, 1, 9, 4096]]
     for _ in range(MAX_RECORDS):
         trace.record([(mine, None, 4.0, 1, 40)], (4.0, 5.0, 1, 512), answered={mine: 5.0})
-    report = trace.report(now=99.0)
+    report = trace.report(now=99.0, limit=MAX_RECORDS)
     assert len(report["records"]) == MAX_RECORDS and report["dropped"] == 2 and report["fields"] == list(FIELDS)
     assert len(trace._names) == 2
     del other, items
     assert list(trace._names) == [mine]  # the untraced peer's connection, gone, is not kept (weak)
     assert report["remaining_s"] == 1.0 and report["peers"] == ["127.0.0.1:4000"]
+
+
+def test_a_trace_is_read_in_pages_numbered_from_its_first_record() -> None:
+    """report() answers at most a page, from a record number on (dropped ones count, so a number
+    stays the same record while older ones drop), with the next number and the end; the admin
+    route reads every shard page by page up to the end it saw first, and leaves out a shard
+    that fails or answers an error. A whole trace at once held a shard's loop 20-84 ms."""
+    conn = _Conn("127.0.0.1", 4000)
+    trace = AddTrace(frozenset({"127.0.0.1:4000"}), until=100.0)
+    for i in range(MAX_RECORDS + 5):  # records 0-4 dropped
+        trace.record([(conn, None, float(i), 1, 40)], (0.0, 0.0, 1, 512), answered={conn: 0.0})
+    first = trace.report(now=0.0, start=0, limit=REPORT_PAGE)
+    assert [r[1] for r in first["records"]] == [float(i) for i in range(5, 5 + REPORT_PAGE)]
+    assert first["next"] == 5 + REPORT_PAGE and first["end"] == MAX_RECORDS + 5 and first["dropped"] == 5
+    later = trace.report(now=0.0, start=first["next"], limit=3)
+    assert [r[1] for r in later["records"]] == [float(i) for i in range(5 + REPORT_PAGE, 8 + REPORT_PAGE)]
+    tail = trace.report(now=0.0, start=MAX_RECORDS + 4, limit=REPORT_PAGE)
+    assert [r[1] for r in tail["records"]] == [float(MAX_RECORDS + 4)] and tail["next"] == tail["end"]
+
+    class Sup:  # the supervisor's control calls, answered by the shards' traces (shard 2 fails, 3 errs)
+        procs = {0: None, 1: None, 2: None, 3: None}
+        calls: list[tuple[int, int]] = []
+
+        def shard_call(self, req: dict[str, Any], *, timeout_s: float, shards: list[int]) -> dict[int, Any]:
+            (i,) = shards
+            self.calls.append((i, req["from"]))
+            if i == 2:
+                return {}
+            if i == 3:
+                return {i: {"error": "ValueError: no"}}
+            return {i: (trace if i == 0 else AddTrace(frozenset(), 0.0)).report(0.0, req["from"], req["limit"])}
+
+    sup = Sup()
+    got = add_trace_report(sup)  # type: ignore[arg-type]
+    assert [s["index"] for s in got["shards"]] == [0, 1] and got["shards_failed"] == [2, 3]
+    assert [r[1] for r in got["shards"][0]["records"]] == [float(i) for i in range(5, MAX_RECORDS + 5)]
+    pages = -(-MAX_RECORDS // REPORT_PAGE)
+    assert [c for c in sup.calls if c[0] == 0] == [(0, 0)] + [(0, 5 + k * REPORT_PAGE) for k in range(1, pages)]
+    assert got["shards"][1]["records"] == [] and got["shards"][0]["dropped"] == 5
 
 
 def test_breakdown_joins_each_add_with_the_record_that_completed_its_quorum() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import functools
 import json
 import os
 import resource
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
@@ -148,12 +150,16 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
             t0 = time.perf_counter()
             lat = histogram()
             n = 0
-            client: dict[str, float] = {}
-            if w1:
-                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat, admins))
+            client: dict[str, Any] = {}
+            if w1:  # the shards' figures of its measured seconds only: not its trace's start and read
+                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat, admins,
+                                                     functools.partial(_scrape, cluster)))
+                shards = shard_figures(*client.pop("scrapes"))
             bulk_out = bulk.result() if bulk else None
             dt = time.perf_counter() - t0
-            fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shard_figures(before, _scrape(cluster)),
+            if not w1:
+                shards = shard_figures(before, _scrape(cluster))
+            fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shards,
                                    **client,
                                    "cpu_percent": {k: v["cpu_percent"] for k, v in watch.per_op(before_cpu, 1, dt).items()}}
             if bulk_out is not None:
@@ -208,8 +214,8 @@ class _Max(Histogram):
         self.max = max(self.max, value)
 
 
-async def _service(uri: str, seconds: float, lat: Latencies,
-                   admins: list[str]) -> tuple[int, float, dict[str, Any]]:
+async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
+                   scrape: Callable[[], list[Scrape]]) -> tuple[int, float, dict[str, Any]]:
     """The W=1 writer: one ledger, one add in flight, for `seconds`, its adds traced by the
     bookies (admins: their admin addresses) and laid beside its own send and answer times
     (add_breakdown). Also how late its own loop ran (the shards' probe, LoopLag, every
@@ -231,6 +237,7 @@ async def _service(uri: str, seconds: float, lat: Latencies,
                 trace = {"peers": bk.pool.local_addresses(), "seconds": seconds + TRACE_MARGIN_S}
                 for admin in admins:  # blocking HTTP: off the loop, whose probe is measuring
                     await asyncio.to_thread(admin_request, admin, "POST", ADD_TRACE_PATH, body=trace, timeout_s=30.0)
+                before = await asyncio.to_thread(scrape)
                 start = mono()
                 while (t0 := mono()) - start < seconds:
                     await lh.add_entry(payload)
@@ -238,6 +245,7 @@ async def _service(uri: str, seconds: float, lat: Latencies,
                     counts[int((t1 - t0) * 1e6)] += 1
                     times.append((t0, t1))
                 dt = mono() - start
+                after = await asyncio.to_thread(scrape)
             finally:
                 await lh.close()
     finally:
@@ -245,7 +253,7 @@ async def _service(uri: str, seconds: float, lat: Latencies,
     shards = [shard for admin in admins for shard in admin_request(admin, "GET", ADD_TRACE_PATH, timeout_s=30.0)["shards"]]
     breakdown = add_breakdown(times, [r for shard in shards for r in shard["records"]], ack_quorum=2)
     breakdown["dropped"] = sum(shard["dropped"] for shard in shards)  # records a shard had no room for
-    return len(times), dt, {"client_loop_lag_max_ms": round(lag.max * 1000, 3),
+    return len(times), dt, {"scrapes": (before, after), "client_loop_lag_max_ms": round(lag.max * 1000, 3),
                             "client_loop_stall_max_ms": round(stall.max * 1000, 3),
                             "client_loop_blocked_max_ms": round(blocked.max * 1000, 3), "slow_adds": breakdown}
 

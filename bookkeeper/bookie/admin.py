@@ -41,7 +41,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from bookkeeper.bookie.add_trace import parse_peers, parse_seconds
+from bookkeeper.bookie.add_trace import REPORT_PAGE, parse_peers, parse_seconds
 from bookkeeper.bookie.admin_security import (OPEN_ROUTES, AdminGuard, AdminTLS, NoCredential, PlainHTTPOnTLS,
                                               Refusals, required_role)
 from bookkeeper.bookie.metrics import PREFIX, families
@@ -187,10 +187,28 @@ def run_gc(sup: Supervisor) -> dict[str, Any]:
 
 def add_trace_report(sup: Supervisor) -> dict[str, Any]:
     """GET /api/v1/bookie/add_trace: each shard's records of the running or last add trace
-    (bookkeeper/bookie/add_trace.py); a shard that does not answer is left out."""
-    results = sup.shard_call({"op": "add_trace"}, timeout_s=5.0)
-    return {"shards": [{"index": i, **results[i]} for i in sorted(results)],
-            "shards_failed": sorted(set(sup.procs) - set(results))}
+    (bookkeeper/bookie/add_trace.py), read in pages of REPORT_PAGE (one page per turn of the
+    shard's loop, never all at once) up to the newest record when the read began; a shard
+    that does not answer is left out."""
+    def page(i: int, start: int) -> dict[str, Any] | None:
+        got = sup.shard_call({"op": "add_trace", "from": start, "limit": REPORT_PAGE}, timeout_s=5.0, shards=[i]).get(i)
+        return None if got is None or "error" in got else got
+
+    shards, failed = [], []
+    for i in sorted(sup.procs):
+        last = page(i, 0)
+        records: list[Any] = []
+        end = last["end"] if last else 0
+        while last is not None and last["records"] and last["next"] < end:
+            records += last["records"]
+            last = page(i, last["next"])
+        if last is None:
+            failed.append(i)
+            continue
+        records += last["records"]
+        shards.append({"index": i, "fields": last["fields"], "records": records, "dropped": last["dropped"],
+                       "peers": last["peers"], "remaining_s": last["remaining_s"]})
+    return {"shards": shards, "shards_failed": failed}
 
 
 def start_add_trace(sup: Supervisor, body: bytes) -> tuple[str, dict[str, Any]]:

@@ -51,7 +51,7 @@ from typing import Any
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper._ext.shardpath import AddPath, fail_responses
 from bookkeeper.clock import Clock, system_monotonic, system_wall
-from bookkeeper.bookie.add_trace import AddTrace, parse_peers, parse_seconds
+from bookkeeper.bookie.add_trace import REPORT_PAGE, AddTrace, parse_peers, parse_seconds
 from bookkeeper.bookie.core import (ReadAction, decide_add, decide_read, decide_read_lac, decide_write_lac,
                                     is_idle)
 from bookkeeper.bookie.journal import Journal
@@ -772,11 +772,12 @@ class ShardServer:
         self.add_trace = self._last_trace = AddTrace(names, self.clock() + s)
         return {"peers": sorted(names), "seconds": s}
 
-    def add_trace_report(self) -> dict[str, Any]:
-        """The running (or last) trace's records; empty when none was started."""
+    def add_trace_report(self, start: int = 0, limit: int = REPORT_PAGE) -> dict[str, Any]:
+        """A page of the running (or last) trace's records (AddTrace.report); empty when none
+        was started."""
         if self._last_trace is None:
-            return {"fields": [], "records": [], "dropped": 0, "peers": [], "remaining_s": 0.0}
-        return self._last_trace.report(self.clock())
+            return {"fields": [], "records": [], "next": 0, "end": 0, "dropped": 0, "peers": [], "remaining_s": 0.0}
+        return self._last_trace.report(self.clock(), start, limit)
 
     def on_failed(self, items: list[Any], err: OSError) -> None:
         per_conn: dict[BookieProtocol, list[Response]] = {}

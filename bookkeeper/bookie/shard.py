@@ -30,6 +30,7 @@ import uvloop
 
 from bookkeeper._ext.journal import REC_ADD, REC_FENCE, REC_MASTER_KEY
 from bookkeeper.bookie import control
+from bookkeeper.bookie.add_trace import REPORT_PAGE
 from bookkeeper.bookie.gc import GarbageCollector, GcSettings
 from bookkeeper.bookie.metrics import LoopLag
 from bookkeeper.bookie.journal import Journal, make_syncer
@@ -383,7 +384,10 @@ class Shard:
         if op == "add_trace":
             if "peers" in req:
                 return self.server.start_add_trace(req["peers"], req.get("seconds"))
-            return self.server.add_trace_report()
+            start, limit = req.get("from", 0), req.get("limit", REPORT_PAGE)
+            if not all(type(v) is int and v >= 0 for v in (start, limit)):
+                raise ValueError(f"add_trace: from and limit must be integers >= 0, got {start!r}, {limit!r}")
+            return self.server.add_trace_report(start, min(limit, REPORT_PAGE))
         raise ValueError(f"unknown control op {op!r}")
 
     def state(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -486,8 +486,10 @@ class Supervisor:
                 self.store.close()
 
     # -- what the admin endpoints serve ------------------------------------------
-    def shard_call(self, request: dict[str, Any], *, timeout_s: float = 5.0) -> dict[int, dict[str, Any]]:
-        """Ask every running shard at once; shards that cannot answer are left out."""
+    def shard_call(self, request: dict[str, Any], *, timeout_s: float = 5.0,
+                   shards: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
+        """Ask every running shard (or those of `shards` that run) at once; shards that cannot
+        answer are left out."""
         out: dict[int, dict[str, Any]] = {}
 
         def one(i: int) -> None:
@@ -496,7 +498,8 @@ class Supervisor:
             except (OSError, ValueError) as e:
                 log.warning("shard %d did not answer %s: %s", i, request.get("op"), e)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in list(self.procs)]
+        asked = list(self.procs) if shards is None else [i for i in shards if i in self.procs]
+        threads = [threading.Thread(target=one, args=(i,)) for i in asked]
         for t in threads:
             t.start()
         for t in threads:
