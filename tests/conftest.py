@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,6 +99,10 @@ def source_files() -> list[Path]:
     return [Path(rel) for rel in filter(None, listed) if (REPO / rel).is_file()]
 
 
+WHEEL_CACHE_ENV = "BK_TEST_WHEEL_CACHE"  # the run's wheel cache directory, set by the controller
+WHEEL_CACHE_MAX_AGE_S = 6 * 3600  # a cached wheel older than this is built again (build tools move on)
+
+
 def _wheel_cache() -> Path:
     """Where this checkout's wheel for this interpreter is kept: named by the interpreter and a
     hash of every source file's path and bytes, so any edit names another directory."""
@@ -107,6 +112,22 @@ def _wheel_cache() -> Path:
     return REPO / "build" / f"wheel-{sys.implementation.cache_tag}-{h.hexdigest()[:16]}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller (xdist workers inherit its environment): the run's wheel cache,
+    named once from the sources as they are now, and the caches of other sources or past
+    WHEEL_CACHE_MAX_AGE_S removed, before any worker can be using one."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    cache = _wheel_cache()
+    os.environ[WHEEL_CACHE_ENV] = str(cache)
+    cache.parent.mkdir(exist_ok=True)
+    with open(cache.parent / ".wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for old in cache.parent.glob(f"wheel-{sys.implementation.cache_tag}-*"):
+            if old != cache or time.time() - old.stat().st_mtime > WHEEL_CACHE_MAX_AGE_S:
+                shutil.rmtree(old)
+
+
 @pytest.fixture(scope="session")
 def built_wheel() -> Path:
     """The project's wheel, built as a user would (`pip wheel .`: pip's isolated build
@@ -114,18 +135,16 @@ def built_wheel() -> Path:
     (SOURCE_DATE_EPOCH: the same sources give the same bytes, which deployments compare; the
     value is the Ansible role's bookie_wheel_source_date_epoch, so the role's own build of
     this commit gives these very bytes).
-    Built once per source tree and interpreter, kept under build/ (_wheel_cache): `make test`
-    runs pytest twice (the multi-host module alone, then the rest) and a build is ~90 s of CPU
-    on a 2-core machine, which the Ansible module, the longest, waited out at its start. Under
+    Built once per source tree and interpreter, kept under build/ (pytest_configure names the
+    directory and prunes the others) for WHEEL_CACHE_MAX_AGE_S: `make test` runs pytest
+    twice (the multi-host module alone, then the rest), and a build is ~90 s of CPU on a
+    2-core machine, which the Ansible module, the longest, waited out at its start. Under
     xdist the first worker that needs it builds it and the others wait for that one (a file
-    lock); a build for other sources is removed when this one is made."""
-    out = _wheel_cache()
-    out.parent.mkdir(exist_ok=True)
+    lock)."""
+    out = Path(os.environ[WHEEL_CACHE_ENV])
     with open(out.parent / ".wheel.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not list(out.glob("bookkeeper_py-*.whl")):
-            for old in out.parent.glob(f"wheel-{sys.implementation.cache_tag}-*"):
-                shutil.rmtree(old)
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
                            check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
                            stdin=subprocess.DEVNULL)

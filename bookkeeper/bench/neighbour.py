@@ -14,14 +14,15 @@ Phases, --seconds / 4 each:
 
 Per phase: the W=1 writer's p50/p99/p99.9/max, the bulk writer's rate (and, open loop, the
 share of its target it kept), CPU per process, and what the shards say of the same seconds
-from their own histograms (/metrics deltas, bucket upper bounds): add latency from arrival
-to durable response (p99), journal block write + fdatasync (p99), journal block bytes (p99)
-and the longest loop lag, with the longest stall of the loop's own making (the lag less
-the time its thread waited for a CPU: on this 2-core machine most of a lag). Where the W=1 writer's time goes beyond the shard's p99 is the
-client, the wire, or queueing before the shard's timestamps (a receive buffer behind the
-bulk writer's frames). The W=1 writer's own loop is probed the same way (its longest lag,
-and of it the longest not spent waiting for a CPU): the client's part. Figures only;
-never asserted.
+(in a W=1 phase, the writer's measured seconds: not its connect, nor its trace's start and
+read) from their own histograms (/metrics deltas, bucket upper bounds): add latency from
+arrival to durable response (p99), journal block write + fdatasync (p99), journal block
+bytes (p99) and the longest loop lag, with the longest stall of the loop's own making (the
+lag less the time its thread waited for a CPU: on this 2-core machine most of a lag) and
+of that the longest asleep (the GIL, a blocking call). Where the W=1 writer's time goes
+beyond the shard's p99 is the client, the wire, or queueing before the shard's timestamps
+(a receive buffer behind the bulk writer's frames). The W=1 writer's own loop is probed
+the same way over its measured seconds: the client's part. Figures only; never asserted.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import uvloop
 
 from bookkeeper.bench import BenchResult, Latencies, ProcessWatch, histogram, latency_ms
 from bookkeeper.bench.cluster import PRODUCTION_JOURNAL, closed_loop, cluster_processes, handle_adds
-from bookkeeper.bench.ledgers import LOOP_FIGURES, Scrape, histogram_quantile, parse_metrics
+from bookkeeper.bench.ledgers import Scrape, histogram_quantile, loop_maxima, parse_metrics
 from bookkeeper.bookie.admin import ADD_TRACE_PATH
 from bookkeeper.bookie.admin_client import admin_request
 from bookkeeper.bookie.metrics import Histogram, LoopLag
@@ -87,10 +88,8 @@ def shard_figures(before: list[Scrape], after: list[Scrape]) -> dict[str, float 
     for name, family in SHARD_HISTOGRAMS.items():
         v = histogram_quantile(first, last, family, 0.99)
         out[name] = None if v is None else (round(v * 1000, 3) if name.endswith("_ms") else v)
-    for key, family in LOOP_FIGURES.items():
-        name = f"{key}_ms"
-        v = histogram_quantile(first, last, family, 1.0)
-        out[name] = None if v is None else round(v * 1000, 3)
+    for key, v in loop_maxima(first, last).items():
+        out[key.removesuffix("_s") + "_ms"] = None if v is None else round(v * 1000, 3)
     return out
 
 
@@ -146,7 +145,7 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
 
         def measure(name: str, bulk: BulkWriter | None, w1: bool, rate: float) -> dict[str, Any]:
             watch = ProcessWatch(procs)  # the bulk writer reports its own CPU (it has exited by the end)
-            before_cpu, before = watch.cpu(), _scrape(cluster)
+            before_cpu, before = watch.cpu(), None if w1 else _scrape(cluster)
             t0 = time.perf_counter()
             lat = histogram()
             n = 0
@@ -157,7 +156,7 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
                 shards = shard_figures(*client.pop("scrapes"))
             bulk_out = bulk.result() if bulk else None
             dt = time.perf_counter() - t0
-            if not w1:
+            if before is not None:
                 shards = shard_figures(before, _scrape(cluster))
             fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shards,
                                    **client,
@@ -238,6 +237,8 @@ async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
                 for admin in admins:  # blocking HTTP: off the loop, whose probe is measuring
                     await asyncio.to_thread(admin_request, admin, "POST", ADD_TRACE_PATH, body=trace, timeout_s=30.0)
                 before = await asyncio.to_thread(scrape)
+                for h in (lag, stall, blocked):  # the client's loop over the measured seconds only
+                    h.max = 0.0
                 start = mono()
                 while (t0 := mono()) - start < seconds:
                     await lh.add_entry(payload)
@@ -245,6 +246,8 @@ async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
                     counts[int((t1 - t0) * 1e6)] += 1
                     times.append((t0, t1))
                 dt = mono() - start
+                loop_ms = {f"client_loop_{k}_max_ms": round(h.max * 1000, 3)
+                           for k, h in (("lag", lag), ("stall", stall), ("blocked", blocked))}
                 after = await asyncio.to_thread(scrape)
             finally:
                 await lh.close()
@@ -253,9 +256,7 @@ async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
     shards = [shard for admin in admins for shard in admin_request(admin, "GET", ADD_TRACE_PATH, timeout_s=30.0)["shards"]]
     breakdown = add_breakdown(times, [r for shard in shards for r in shard["records"]], ack_quorum=2)
     breakdown["dropped"] = sum(shard["dropped"] for shard in shards)  # records a shard had no room for
-    return len(times), dt, {"scrapes": (before, after), "client_loop_lag_max_ms": round(lag.max * 1000, 3),
-                            "client_loop_stall_max_ms": round(stall.max * 1000, 3),
-                            "client_loop_blocked_max_ms": round(blocked.max * 1000, 3), "slow_adds": breakdown}
+    return len(times), dt, {"scrapes": (before, after), **loop_ms, "slow_adds": breakdown}
 
 
 def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, ack_quorum: int,

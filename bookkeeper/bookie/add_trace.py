@@ -119,7 +119,7 @@ class AddTrace:
         was dropped); `next` is the number after its last, `end` the number after the newest.
         remaining_s is rounded up, so 0 means it records no more."""
         first = max(start, self.dropped)
-        skip = first - self.dropped
+        skip = first - self.dropped  # islice walks the deque from its left: a whole read is ~32 pages of it
         page = [list(r) for r in itertools.islice(self.records, skip, skip + max(0, limit))]
         return {"fields": list(FIELDS), "records": page, "next": first + len(page),
                 "end": self.dropped + len(self.records), "dropped": self.dropped, "peers": sorted(self.peers),

@@ -188,11 +188,13 @@ def run_gc(sup: Supervisor) -> dict[str, Any]:
 def add_trace_report(sup: Supervisor) -> dict[str, Any]:
     """GET /api/v1/bookie/add_trace: each shard's records of the running or last add trace
     (bookkeeper/bookie/add_trace.py), read in pages of REPORT_PAGE (one page per turn of the
-    shard's loop, never all at once) up to the newest record when the read began; a shard
-    that does not answer is left out."""
-    def page(i: int, start: int) -> dict[str, Any] | None:
-        got = sup.shard_call({"op": "add_trace", "from": start, "limit": REPORT_PAGE}, timeout_s=5.0, shards=[i]).get(i)
-        return None if got is None or "error" in got else got
+    shard's loop, never all at once), one shard after another, until a page reaches the
+    newest record there was when that shard's read began (a running trace's last page may
+    hold newer ones; records it drops meanwhile are missing, and counted in `dropped`); a
+    shard that does not answer is left out."""
+    def page(i: int, start: int) -> dict[str, Any] | None:  # None: the shard did not answer, or refused
+        return sup.shard_call({"op": "add_trace", "from": start, "limit": REPORT_PAGE}, timeout_s=5.0,
+                              shards=[i]).get(i)
 
     shards, failed = [], []
     for i in sorted(sup.procs):

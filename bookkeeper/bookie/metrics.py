@@ -168,9 +168,11 @@ class LoopLag:
     the time the loop's thread slept though a timer was due, which is waiting for the GIL (a
     worker thread holds it: a checkpoint's flush, freeing flushed entries; on a busy machine
     often while that thread itself waits for a CPU) or a blocking call on the loop. The
-    rest of a stall is the loop running: callbacks that take long. Both read
+    rest of a stall is at most the loop running (callbacks that take long). Both read
     `schedstat_ns()`, (time on a CPU, time waiting on a run queue) in ns, by default the
-    loop thread's /proc schedstat (one pread a probe)."""
+    loop thread's /proc schedstat (one pread a probe). The two differences span the whole
+    time since the previous probe (the period and the lag; after an idle spell, up to
+    LOOP_LAG_IDLE_S), so both figures are lower bounds, the blocked one loosest after idle."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, histogram: Histogram, activity: Callable[[], int],
                  period_s: float = LOOP_LAG_PROBE_S, idle_period_s: float = LOOP_LAG_IDLE_S, *,
@@ -214,10 +216,10 @@ class LoopLag:
         """No more stall or blocked figures (schedstat unreadable, or the probe stopped); the
         lag goes on."""
         self.stall = self.blocked = None
+        self._schedstat_ns = None
         if self._schedstat >= 0:
             os.close(self._schedstat)
             self._schedstat = -1
-            self._schedstat_ns = None
 
     def _arm(self, now: float, period_s: float) -> None:
         self._due = now + period_s
@@ -227,7 +229,7 @@ class LoopLag:
         now = time.monotonic()
         lag = max(0.0, now - self._due)
         self.histogram.observe(lag)
-        if self._schedstat_ns is not None:
+        if self._schedstat_ns is not None and (self.stall is not None or self.blocked is not None):
             try:
                 cpu, runq = self._schedstat_ns()
             except (OSError, ValueError, IndexError):
