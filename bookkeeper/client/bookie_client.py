@@ -27,8 +27,8 @@ from typing import Any
 from bookkeeper._ext.client import RequestPipe
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.clock import Clock, system_monotonic
-from bookkeeper.errors import (AuthenticationError, BKError, BookieUnavailableError, ClientClosedError, ConfigError,
-                               TimeoutError, error_for_status)
+from bookkeeper.errors import (AuthenticationError, BKError, BookieUnavailableError, ConfigError, TimeoutError,
+                               error_for_status)
 from bookkeeper.proto import (DEFAULT_MAX_FRAME_BYTES, NO_KEY, FrameError, Op, Status, encode_request,
                               parse_responses, shard_for_ledger)
 from bookkeeper.security.auth import ClientAuthProvider, ClientAuthSession, load_client_provider
@@ -607,8 +607,6 @@ class BookieClientPool:
         own, whose check fails, instead of one verified for that other bookie. Without TLS
         nothing is checked, and the ids registered at one address share its connection.
         """
-        if self.closed:
-            raise ClientClosedError(f"bookie {bookie_id or f'{host}:{port}'}: the client is closed")
         key = ((bookie_id or f"{host}:{port}") if self.trust.mode != "off" else "", host, port)
         conn = self._conns.get(key)
         if conn is None:
