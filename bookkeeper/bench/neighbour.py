@@ -151,13 +151,11 @@ def neighbour_bench(directory: str, *, seconds: float, bulk_rate: float = 0.0, b
             n = 0
             client: dict[str, Any] = {}
             if w1:  # the shards' figures of its measured seconds only: not its trace's start and read
-                n, _dt, client = uvloop.run(_service(cluster.metadata_uri, phase_s, lat, admins,
-                                                     functools.partial(_scrape, cluster)))
-                shards = shard_figures(*client.pop("scrapes"))
+                n, _dt, client, scrapes = uvloop.run(_service(cluster.metadata_uri, phase_s, lat, admins,
+                                                              functools.partial(_scrape, cluster)))
             bulk_out = bulk.result() if bulk else None
             dt = time.perf_counter() - t0
-            if before is not None:
-                shards = shard_figures(before, _scrape(cluster))
+            shards = shard_figures(*scrapes) if before is None else shard_figures(before, _scrape(cluster))
             fig: dict[str, Any] = {"phase": name, "seconds": round(dt, 3), "shards": shards,
                                    **client,
                                    "cpu_percent": {k: v["cpu_percent"] for k, v in watch.per_op(before_cpu, 1, dt).items()}}
@@ -214,7 +212,8 @@ class _Max(Histogram):
 
 
 async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
-                   scrape: Callable[[], list[Scrape]]) -> tuple[int, float, dict[str, Any]]:
+                   scrape: Callable[[], list[Scrape]]
+                   ) -> tuple[int, float, dict[str, Any], tuple[list[Scrape], list[Scrape]]]:
     """The W=1 writer: one ledger, one add in flight, for `seconds`, its adds traced by the
     bookies (admins: their admin addresses) and laid beside its own send and answer times
     (add_breakdown). Also how late its own loop ran (the shards' probe, LoopLag, every
@@ -256,7 +255,7 @@ async def _service(uri: str, seconds: float, lat: Latencies, admins: list[str],
     shards = [shard for admin in admins for shard in admin_request(admin, "GET", ADD_TRACE_PATH, timeout_s=30.0)["shards"]]
     breakdown = add_breakdown(times, [r for shard in shards for r in shard["records"]], ack_quorum=2)
     breakdown["dropped"] = sum(shard["dropped"] for shard in shards)  # records a shard had no room for
-    return len(times), dt, {"scrapes": (before, after), **loop_ms, "slow_adds": breakdown}
+    return len(times), dt, {**loop_ms, "slow_adds": breakdown}, (before, after)
 
 
 def add_breakdown(adds: list[tuple[float, float]], records: list[list[Any]], *, ack_quorum: int,

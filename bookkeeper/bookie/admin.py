@@ -198,18 +198,18 @@ def add_trace_report(sup: Supervisor) -> dict[str, Any]:
 
     shards, failed = [], []
     for i in sorted(sup.procs):
-        last = page(i, 0)
         records: list[Any] = []
+        last = page(i, 0)
         end = last["end"] if last else 0
-        while last is not None and last["records"] and last["next"] < end:
+        while last is not None:
             records += last["records"]
+            if not last["records"] or last["next"] >= end:
+                shards.append({"index": i, "fields": last["fields"], "records": records, "dropped": last["dropped"],
+                               "peers": last["peers"], "remaining_s": last["remaining_s"]})
+                break
             last = page(i, last["next"])
-        if last is None:
+        else:
             failed.append(i)
-            continue
-        records += last["records"]
-        shards.append({"index": i, "fields": last["fields"], "records": records, "dropped": last["dropped"],
-                       "peers": last["peers"], "remaining_s": last["remaining_s"]})
     return {"shards": shards, "shards_failed": failed}
 
 

@@ -182,7 +182,7 @@ class LoopLag:
         self.histogram = histogram
         self.stall = stall
         self.blocked = blocked
-        self._schedstat_ns = schedstat_ns
+        self._schedstat_ns = schedstat_ns if stall is not None or blocked is not None else None
         self._schedstat = -1
         self._was = (0, 0)  # schedstat at the previous probe
         self.activity = activity
@@ -229,7 +229,7 @@ class LoopLag:
         now = time.monotonic()
         lag = max(0.0, now - self._due)
         self.histogram.observe(lag)
-        if self._schedstat_ns is not None and (self.stall is not None or self.blocked is not None):
+        if self._schedstat_ns is not None:  # set only while a split histogram is kept (_stop_split)
             try:
                 cpu, runq = self._schedstat_ns()
             except (OSError, ValueError, IndexError):
