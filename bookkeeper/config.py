@@ -84,6 +84,7 @@ class BookieConfig:
     journal_max_group_wait_us: int = 0
     journal_max_batch_bytes: int = 4 * 1024 * 1024
     journal_max_batch_entries: int = 65536
+    journal_max_block_bytes: int = 1024 * 1024
     journal_preallocate_bytes: int = 64 * 1024 * 1024
     journal_file_max_bytes: int = 512 * 1024 * 1024
     journal_reuse_files: int = 4
@@ -161,6 +162,8 @@ class BookieConfig:
             raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.journal_max_batch_bytes < 4096:
             raise ConfigError("journal_max_batch_bytes must be >= 4096")
+        if self.journal_max_block_bytes < 4096:
+            raise ConfigError(f"journal_max_block_bytes must be >= 4096, got {self.journal_max_block_bytes}")
         if self.journal_reuse_files < 0:
             raise ConfigError(f"journal_reuse_files must be >= 0 (0: delete trimmed files), got "
                               f"{self.journal_reuse_files}")

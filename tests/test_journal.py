@@ -16,6 +16,7 @@ import concurrent.futures
 import errno
 import itertools
 import os
+import types
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -585,6 +586,57 @@ def test_journal_durable_once_in_order_then_replays_everything(tmp_path: Path, k
     got, res = replay_all(tmp_path)
     assert got == expected
     assert (res.records, res.blocks_torn, res.files) == (len(expected), 0, 1)
+
+
+def test_blocks_are_sealed_at_block_bytes_behind_a_sync_and_a_selected_light_sender_goes_first(
+        tmp_path: Path) -> None:
+    """Behind a sync in flight, appends fill blocks of at most block_bytes_max (one record
+    over it at most), written one per sync in order; full counts every block waiting. A light
+    sender selected while they wait goes into the next block to be written: durable at the
+    second sync, before the bulk records appended earlier; a sender whose records are in a
+    later block is never put before them. Everything replays, each record once."""
+    block = 8192
+    bulk = recs(60, size=1000)
+
+    async def main() -> tuple[Sink, list[int]]:
+        loop = asyncio.get_running_loop()
+        syncer = ManualSyncer()
+        sink = Sink()
+        j = new_journal(tmp_path, syncer, loop, sink, block_bytes_max=block, batch_bytes_max=64 << 10)
+        j.start()
+        j.append(*bulk[0], item="b0")
+        await asyncio.sleep(0)
+        assert syncer.submits == 1  # a sync in flight
+        for i, rec in enumerate(bulk[1:], 1):
+            j.append(*rec, item=f"b{i}")
+        assert j.queued_bytes > 6 * block and not j.full
+        light, late = types.SimpleNamespace(journal_block=0), types.SimpleNamespace(journal_block=0)
+        j.select(light, True)
+        j.append(1, 9, 0, b"x" * 100, item="light")
+        j.deselect()
+        j.select(late, False)  # heavy: to the last block
+        j.append(1, 8, 0, b"y" * 100, item="late0")
+        j.deselect()
+        j.select(late, True)  # light now, but its record waits in the last block: stays after it
+        j.append(1, 8, 1, b"y" * 100, item="late1")
+        j.deselect()
+        sizes = []
+        while syncer.pending:
+            syncer.complete_one()
+            sizes.append(j.durable_block[3])
+        return sink, sizes
+
+    sink, sizes = run(main)
+    first_blocks = [batch for batch in sink.durable]
+    assert first_blocks[0] == ["b0"]
+    assert "light" in first_blocks[1] and first_blocks[1][0] == "b1"  # the next block, after the bulk's first
+    assert all(size <= block + 1021 + 4096 for size in sizes)  # the bound, one record over it, padding
+    order = sink.durable_items
+    assert order.index("late0") < order.index("late1")
+    assert [i for i in order if i.startswith("b")] == [f"b{i}" for i in range(60)]
+    got, _ = replay_all(tmp_path)
+    assert len(got) == 63 and sorted(got) == sorted([*bulk, (1, 9, 0, b"x" * 100), (1, 8, 0, b"y" * 100),
+                                                     (1, 8, 1, b"y" * 100)])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -1190,7 +1242,7 @@ def test_roll_with_appends_from_the_durable_callback_keeps_every_record(tmp_path
             if len(done) < 400:
                 for i in items:
                     j.append(REC_ADD, 9, i + 10, payload, i + 10)
-            elif j._inflight_items is None and not j._batch.count and not finished.done():
+            elif j.idle and not finished.done():
                 finished.set_result(None)
 
         def on_failed(items: list, err: OSError) -> None:

@@ -78,14 +78,16 @@ def adds(ledger_id: int, first: int, n: int, size: int) -> bytes:
                     for e in range(first, first + n))
 
 
-def shard(tmp: Path, **server_kw: Any) -> tuple[ShardServer, Journal, ManualSyncer, BookieProtocol, Socket]:
+def shard(tmp: Path, journal_kw: dict[str, Any] | None = None,
+          **server_kw: Any) -> tuple[ShardServer, Journal, ManualSyncer, BookieProtocol, Socket]:
     loop = asyncio.get_running_loop()
     storage = LedgerStorage(tmp / "ledgers")
     server = ShardServer(storage=storage, shard_index=0, shards=1, max_frame_bytes=5 << 20, readonly=False,
                          data_dir=str(tmp), **server_kw)
     syncer = ManualSyncer()
     journal = Journal(tmp / "journal", syncer=syncer, loop=loop, on_durable=server.on_durable,
-                      on_failed=server.on_failed, preallocate_bytes=1 << 20, batch_entries_max=50)
+                      on_failed=server.on_failed, **{"preallocate_bytes": 1 << 20, "batch_entries_max": 50,
+                                                     **(journal_kw or {})})
     journal.start()
     server.journal = journal
     conn, sock = BookieProtocol(server), Socket()
@@ -163,6 +165,62 @@ def test_a_light_sender_is_read_on_while_a_bulk_sender_fills_the_journal(tmp_pat
         await asyncio.sleep(0)
         syncer.release_all()
         assert light.journal_waiting == 0 and light_sock.reading
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
+def test_a_light_senders_add_waits_for_one_bounded_block_not_for_the_bulk_queued_before_it(tmp_path: Path) -> None:
+    """Issue 28 item 3: behind a sync in flight, a bulk sender's receive buffers are cut into
+    blocks of at most journal_max_block_bytes (plus one frame), even within one buffer; a
+    light sender's add goes into the next block to be written, so it is answered at the
+    second sync's return while the bulk's later blocks still wait. Its next add, sent while
+    its first is in that block, goes there too; a sender that was heavy (its adds in the
+    last block) is never put before its own adds: its answers come in the order it sent."""
+    block = 16 << 10
+
+    async def main() -> None:
+        server, journal, syncer, bulk, bulk_sock = shard(
+            tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 4 << 20, "block_bytes_max": block})
+        light, light_sock = BookieProtocol(server), Socket()
+        light.connection_made(light_sock)
+        light_sock.conn = light
+        light_sock.send(adds(3, 0, 1, 100))  # the ledger's first add: the Python path
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert len(light_sock.responses()) == 1
+        bulk.data_received(adds(2, 0, 1, 100))
+        await asyncio.sleep(0)
+        assert len(syncer.pending) == 1  # a sync in flight
+        syncer.release_all()
+        bulk.data_received(adds(2, 1, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight again
+        blocks_before = journal.stats["blocks"]
+        bulk.data_received(adds(2, 2, 100, 1000))  # ~100 KiB in one receive buffer
+        light_sock.send(adds(3, 1, 1, 100))
+        assert journal.queued_bytes > 6 * block
+        syncer.complete_one()  # the block in flight durable: the next one written
+        syncer.complete_one()  # ... and durable: it held the light sender's add
+        assert [r[4] for r in light_sock.responses()] == [0, 1]
+        assert journal.stats["blocks"] == blocks_before + 2  # its block, and a bulk one now in flight
+        assert journal.durable_block[3] <= block + 4096 + 1100  # the bound, the frame over it, padding
+        bulk_answered = len(bulk_sock.responses())
+        assert bulk_answered < 2 + 100  # the bulk's later blocks still wait
+        # The light connection sends a heavy buffer (two adds of 40 KiB, over LIGHT_SENDER_BYTES):
+        # they go to the last block. Its next add (light again) may not pass them: put in the
+        # next block, it would be durable first, and its answer would send theirs.
+        light_sock.send(adds(3, 2, 2, 40_000))
+        light_sock.send(adds(3, 4, 1, 100))
+        syncer.complete_one()
+        syncer.complete_one()  # two more bulk blocks durable: none of the light sender's adds in them
+        assert len(light_sock.responses()) == 2
+        syncer.release_all()
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert [r[4] for r in light_sock.responses()] == list(range(5))
+        assert [r[4] for r in bulk_sock.responses()] == list(range(102))
+        assert all(r[1] == Status.OK for r in light_sock.responses() + bulk_sock.responses())
         journal.close()
         server.storage.close()
 

@@ -62,7 +62,7 @@ def journal_bench(directory: str, size: int, seconds: float, *, sync: str = "io_
                 journal.trim(journal.file_id)
             if now < t_end:
                 offer(len(items))
-            elif journal._inflight_items is None and not journal._batch.count and not finished.done():
+            elif journal.idle and not finished.done():
                 finished.set_result(None)
 
         def on_failed(items: list, err: OSError) -> None:

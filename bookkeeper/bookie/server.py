@@ -134,6 +134,7 @@ class BookieProtocol(asyncio.Protocol):
         self._out: list[Response] = []
         self.pending = bytearray()  # encoded responses of adds not yet durable (the C add path)
         self.journal_waiting = 0  # replies of the Python path waiting in the journal (ShardServer._journal_reply)
+        self.journal_block = 0  # the last journal block its records went to (Journal.select)
         self.closed = False
         self._refusing = False  # a bad frame arrived: answer what came before it, then close
         self.writing_paused = False  # the peer does not read its answers: see pause_writing
@@ -199,13 +200,31 @@ class BookieProtocol(asyncio.Protocol):
         self.writing_paused = False
         self.shard.write_paused.discard(self)
         self.shard.now = self.shard.clock()
-        while self.held and not self.writing_paused and not self.closed:
-            self.shard.handle(self, self.held.popleft())
+        journal = self.shard.journal
+        if journal is not None:
+            journal.select(self, False)
+        try:
+            while self.held and not self.writing_paused and not self.closed:
+                self.shard.handle(self, self.held.popleft())
+        finally:
+            if journal is not None:
+                journal.deselect()
         self.shard.wake_parked()
         self.flush()
         if not self.writing_paused and self not in self.shard.paused and self.transport is not None \
                 and not self._refusing and not self.closed:
             self.transport.resume_reading()
+
+    def light(self, received: int) -> bool:
+        """A light sender: at most LIGHT_SENDER_ADDS C-path adds not yet durable, no reply of
+        the Python path waiting (a fence, an add the C path did not take: their items can hold
+        an entry's bytes the journal's batches do not count), and the receive buffer it sent
+        (and any partial frame kept) at most LIGHT_SENDER_BYTES: a latency-sensitive writer,
+        one add or a few in flight. Its adds go to the next journal block to be written
+        (Journal.select) and it is read on while only the journal is full
+        (ShardServer.apply_backpressure)."""
+        return (received <= LIGHT_SENDER_BYTES and len(self._buf) <= LIGHT_SENDER_BYTES
+                and not self.journal_waiting and len(self.pending) <= LIGHT_SENDER_ADDS * ADD_RESPONSE_BYTES)
 
     def unread_bytes(self) -> int:
         """Answers written to the transport that the peer has not taken yet."""
@@ -235,14 +254,21 @@ class BookieProtocol(asyncio.Protocol):
             self._refresh_roles()
         now = self.shard.now = self.last_request = self.shard.clock()  # every request's arrival time
         bad: FrameError | None
-        if self._buf:
-            self._buf += data
-            used, bad = self.shard.add_path.dispatch(self, self.pending, self._buf, now)
-            del self._buf[:used]
-        else:  # the common case: no partial frame kept, parse the receive buffer in place
-            used, bad = self.shard.add_path.dispatch(self, self.pending, data, now)
-            if used < len(data) and bad is None:
-                self._buf += memoryview(data)[used:]
+        journal = self.shard.journal
+        if journal is not None:
+            journal.select(self, self.light(len(data)))
+        try:
+            if self._buf:
+                self._buf += data
+                used, bad = self.shard.add_path.dispatch(self, self.pending, self._buf, now)
+                del self._buf[:used]
+            else:  # the common case: no partial frame kept, parse the receive buffer in place
+                used, bad = self.shard.add_path.dispatch(self, self.pending, data, now)
+                if used < len(data) and bad is None:
+                    self._buf += memoryview(data)[used:]
+        finally:
+            if journal is not None:
+                journal.deselect()
         self.shard.wake_parked()
         self.flush()
         if bad is None:
@@ -683,10 +709,7 @@ class ShardServer:
     def apply_backpressure(self, conn: BookieProtocol, received: int) -> None:
         """Stop reading from a sender while the shard is over its memory bounds, unless the
         bound is only the journal's full batch (and the batch is under twice its bounds) and
-        it is a light sender: at most LIGHT_SENDER_ADDS C-path adds not yet durable, no reply
-        of the Python path waiting (a fence, an add the C path did not take: their items can
-        hold an entry's bytes the batch does not count), and the receive buffer it sent (and
-        any partial frame kept) at most LIGHT_SENDER_BYTES.
+        it is a light sender (BookieProtocol.light).
 
         Why the exception (issue 28 item 4, fair shares): a bulk writer keeps the journal's
         batch full, and every sender was paused alike, so a latency-sensitive writer's next
@@ -699,10 +722,7 @@ class ShardServer:
         if conn.transport and self._over_bounds():
             journal = self.journal
             if (journal is not None and journal.under_twice_its_bounds
-                    and self.storage.write_cache_bytes <= self.write_cache_max_bytes
-                    and received <= LIGHT_SENDER_BYTES and len(conn._buf) <= LIGHT_SENDER_BYTES
-                    and not conn.journal_waiting
-                    and len(conn.pending) <= LIGHT_SENDER_ADDS * ADD_RESPONSE_BYTES):
+                    and self.storage.write_cache_bytes <= self.write_cache_max_bytes and conn.light(received)):
                 self.counters["light_senders_read_on"] += 1
                 return
             conn.transport.pause_reading()

@@ -145,6 +145,7 @@ class Shard:
                                group_wait_us_max=cfg.journal_max_group_wait_us,
                                batch_bytes_max=cfg.journal_max_batch_bytes,
                                batch_entries_max=cfg.journal_max_batch_entries,
+                               block_bytes_max=cfg.journal_max_block_bytes,
                                preallocate_bytes=cfg.journal_preallocate_bytes,
                                file_max_bytes=cfg.journal_file_max_bytes,
                                reuse_files=cfg.journal_reuse_files)

@@ -41,6 +41,7 @@ import logging
 import mmap
 import os
 import struct
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,8 @@ from typing import Any
 from bookkeeper._ext.journal import BLOCK_ALIGN, JournalBatch, scan_blocks
 from bookkeeper.bookie.files import fsync_dir, zero_fill
 from bookkeeper.clock import Clock, system_monotonic
-from bookkeeper.bookie.journal.policy import BlockScan, FileHeader, ReplayStep, flush_reason, replay_step
+from bookkeeper.bookie.journal.policy import (BlockScan, FileHeader, FlushReason, ReplayStep, flush_reason,
+                                              replay_step)
 from bookkeeper.bookie.journal.syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ _FILE_HEADER = struct.Struct(">4sIQ")
 _FILE_FLAGS = struct.Struct(">I")  # right after _FILE_HEADER, from version 2
 
 Record = tuple[int, int, int, bytes]
+_NEVER = 1 << 62  # slice_at while a light sender's records go to the next block: never sliced
 
 
 def pool_files(directory: str | os.PathLike[str]) -> list[tuple[str, int]]:
@@ -110,10 +113,14 @@ class Journal:
                  on_durable: Callable[[list[Any]], None],
                  on_failed: Callable[[list[Any], OSError], None],
                  group_wait_us_max: int = 0, batch_bytes_max: int = 4 << 20, batch_entries_max: int = 65536,
-                 preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
+                 block_bytes_max: int = 1 << 20, preallocate_bytes: int = 64 << 20, file_max_bytes: int = 512 << 20,
                  reuse_files: int = 4, clock: Clock = system_monotonic,
                  spare_filler: concurrent.futures.Executor | None = None) -> None:
-        """spare_filler: where the next file is prepared ahead of a roll (default: a thread of
+        """batch_bytes_max, batch_entries_max: what may wait to be written in all (the shard's
+        memory bound: `full`); block_bytes_max: what one block holds (sealed by size at it,
+        bounded by batch_bytes_max), so that a light sender's add, put in the next block to
+        be written (`select`), waits for at most one sync and one block of that many bytes.
+        spare_filler: where the next file is prepared ahead of a roll (default: a thread of
         its own; the simulator's and most tests' run the job at once, so a run does not depend
         on a thread)."""
         self.dir = Path(directory)
@@ -126,6 +133,7 @@ class Journal:
         self.group_wait_us_max = group_wait_us_max
         self.batch_bytes_max = batch_bytes_max
         self.batch_entries_max = batch_entries_max
+        self.block_bytes_max = min(block_bytes_max, batch_bytes_max)
         self.preallocate_bytes = preallocate_bytes
         self.file_max_bytes = file_max_bytes
         self.reuse_files = reuse_files
@@ -141,9 +149,18 @@ class Journal:
         self._roll_deferred = False  # this file is full and the next not ready: counted once
         self._retry_at = 0.0  # a failed preparation is tried again from then (self.clock)
         self._blocks_in_file = 0  # n of the next block's seq
-        self._batch = JournalBatch()
-        self._batch_items: list[Any] = []
-        self._batch_started = 0.0
+        # Blocks not yet written, the next to write first; never empty. Every one but the last
+        # holds block_bytes_max or more (the last is sealed by size as it fills).
+        self._queue: deque[_Pending] = deque([_Pending(JournalBatch(), 1)])
+        self._next_seq = 2
+        # Where appended records go now: the last pending block, or, while a light sender's
+        # receive buffer is dispatched, the first (select). _batch is its batch: the shard's C
+        # add path appends to it directly; slice_at is the size at which it must ask for the
+        # next block (seal_target): block_bytes_max, or never while a light sender jumps.
+        self._target = self._queue[0]
+        self._batch = self._target.batch
+        self.slice_at = self.block_bytes_max
+        self._sender: Any = None  # whose receive buffer is being dispatched (select)
         self._inflight_items: list[Any] | None = None
         self._inflight_batch: JournalBatch | None = None
         self._free_buffer: bytearray | None = None  # the last durable block's buffer, for the next batch
@@ -401,42 +418,111 @@ class Journal:
     # -- group commit ----------------------------------------------------------
     @property
     def queued_bytes(self) -> int:
-        return self._batch.nbytes
+        """Bytes of records waiting to be written (every pending block)."""
+        return sum(p.batch.nbytes for p in self._queue)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, nothing waiting to be written."""
+        return self._inflight_items is None and not any(p.batch.count for p in self._queue)
+
+    def _queued(self) -> tuple[int, int]:
+        nbytes = count = 0
+        for p in self._queue:
+            nbytes += p.batch.nbytes
+            count += p.batch.count
+        return nbytes, count
 
     @property
     def full(self) -> bool:
-        """The filling batch reached its bytes or entries bound: senders should wait (backpressure)."""
-        return self._batch.nbytes >= self.batch_bytes_max or self._batch.count >= self.batch_entries_max
+        """What waits to be written reached its bytes or entries bound: senders should wait (backpressure)."""
+        nbytes, count = self._queued()
+        return nbytes >= self.batch_bytes_max or count >= self.batch_entries_max
 
     @property
     def under_twice_its_bounds(self) -> bool:
-        """The filling batch is under twice its bytes and entries bounds: the room light
+        """What waits to be written is under twice its bytes and entries bounds: the room light
         senders may still take while it is full (server.ShardServer.apply_backpressure)."""
-        return self._batch.nbytes < 2 * self.batch_bytes_max and self._batch.count < 2 * self.batch_entries_max
+        nbytes, count = self._queued()
+        return nbytes < 2 * self.batch_bytes_max and count < 2 * self.batch_entries_max
+
+    def select(self, sender: Any, light: bool) -> None:
+        """Where the records of `sender`'s next receive buffer go, until deselect(): the next
+        block to be written if the sender is light (the server's rule: a few small adds, none
+        of them waiting on the Python path), every record it sent before is in that block or
+        earlier, and that block holds under twice block_bytes_max; else the last block, as
+        every record without a selection.
+
+        Why (issue 28 item 3): behind a bulk writer the blocks waiting to be written hold up
+        to batch_bytes_max; a latency-sensitive writer's lone add put at their end waited for
+        every one of them. Put in the next block, it waits for the sync in flight and one
+        block of bounded bytes. Why only then: a sender's adds are answered in the order they
+        came (its encoded answers wait in order, bookie/server.py send_pending), so none of its
+        records may pass one of its own; records of different senders have no order to keep
+        (each answer waits for its own record to be durable, and what a fence or an add
+        changes is visible in memory when it is accepted, not when it is durable).
+        `sender.journal_block` keeps the number of the last block its records went to."""
+        front = self._queue[0]
+        if light and sender.journal_block <= front.seq and front.batch.nbytes < 2 * self.block_bytes_max:
+            self._target, self.slice_at = front, _NEVER
+        else:
+            self._target, self.slice_at = self._queue[-1], self.block_bytes_max
+        self._batch = self._target.batch
+        self._sender = sender
+        sender.journal_block = self._target.seq
+
+    def deselect(self) -> None:
+        """Records go to the last block again (the end of a receive buffer's dispatch)."""
+        self._target = self._queue[-1]
+        self._batch = self._target.batch
+        self.slice_at = self.block_bytes_max
+        self._sender = None
+
+    def seal_target(self) -> None:
+        """The last block reached block_bytes_max: later records (of this receive buffer too:
+        the C add path asks at slice_at) go to a new one."""
+        if self._target is self._queue[-1] and self._target.batch.count:
+            self._queue.append(_Pending(JournalBatch(), self._next_seq))
+            self._next_seq += 1
+        self._to_last()
+
+    def _to_last(self) -> None:
+        """The selected sender's later records go to the last block (deselect, keeping the sender)."""
+        sender = self._sender
+        self.deselect()
+        if sender is not None:
+            self._sender = sender
+            sender.journal_block = self._target.seq
 
     def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
-        """Add a record to the current batch; item is handed to on_durable once it is durable."""
+        """Add a record to the selected block (the last one unless select() chose the next to
+        write); item is handed to on_durable once it is durable."""
         if self._failed is not None:
             self.on_failed([item], self._failed)
             return
-        if self._batch.count == 0:
-            self._batch_started = self.clock()
-        self._batch.add(rtype, ledger_id, entry_id, data)
-        self._batch_items.append(item)
+        target = self._target
+        if self.slice_at != _NEVER and target.batch.nbytes >= self.block_bytes_max:
+            self.seal_target()
+            target = self._target
+        if target.batch.count == 0:
+            target.started = self.clock()
+        target.batch.add(rtype, ledger_id, entry_id, data)
+        target.items.append(item)
         self._appended()
 
     def attach(self, item: Any, started_batch: bool) -> None:
-        """Records were appended to the filling batch directly (the shard's C add path,
-        shardpath.pyx, which checks that the journal has not failed): item is handed to
+        """Records were appended to the selected block's batch directly (the shard's C add
+        path, shardpath.pyx, which checks that the journal has not failed): item is handed to
         on_durable once they are durable. started_batch: they were its first records."""
+        target = self._target
         if started_batch:
-            self._batch_started = self.clock()
-        self._batch_items.append(item)
+            target.started = self.clock()
+        target.items.append(item)
         self._appended()
 
     def _appended(self) -> None:
         if self._inflight_items is not None:
-            return  # the batch fills behind the sync in flight
+            return  # the blocks fill behind the sync in flight
         if self.full:
             self._maybe_flush()
         elif not self._flush_soon:
@@ -452,18 +538,22 @@ class Journal:
 
     def _maybe_flush(self) -> None:
         if self._inflight_items is not None:
-            return  # one sync in flight: the batch fills until it returns (policy.flush_reason)
+            return  # one sync in flight: the blocks fill until it returns (policy.flush_reason)
+        front = self._queue[0]
+        batch = front.batch
         reason = flush_reason(
-            batch_count=self._batch.count, batch_bytes=self._batch.nbytes,
-            oldest_wait_us=int((self.clock() - self._batch_started) * 1e6) if self._batch.count else 0,
+            batch_count=batch.count, batch_bytes=batch.nbytes,
+            oldest_wait_us=int((self.clock() - front.started) * 1e6) if batch.count else 0,
             sync_in_flight=False,
-            group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.batch_bytes_max,
+            group_wait_us_max=self.group_wait_us_max, batch_bytes_max=self.block_bytes_max,
             batch_entries_max=self.batch_entries_max)
+        if reason is None and len(self._queue) > 1:
+            reason = FlushReason.FULL  # a block sealed by size behind it waits: no group wait for it
         if reason is not None:
             self._flush()
-        elif self._batch.count and self._timer is None:
+        elif batch.count and self._timer is None:
             # Only the rest of the wait: the batch may have filled behind a sync already.
-            waited_s = self.clock() - self._batch_started
+            waited_s = self.clock() - front.started
             self._timer = self.loop.call_later(max(0.0, self.group_wait_us_max / 1e6 - waited_s), self._on_timer)
 
     def _on_timer(self) -> None:
@@ -471,12 +561,18 @@ class Journal:
         self._maybe_flush()
 
     def _flush(self) -> None:
+        """Write the next pending block (it has records)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, items = self._batch, self._batch_items
-        self._batch, self._batch_items = JournalBatch(self._free_buffer), []
-        self._free_buffer = None
+        front = self._queue.popleft()
+        if not self._queue:
+            self._queue.append(_Pending(JournalBatch(self._free_buffer), self._next_seq))
+            self._next_seq += 1
+            self._free_buffer = None
+        if self._target is front:  # flushed while a light sender's records went to it
+            self._to_last()
+        batch, items = front.batch, front.items
         if self._pos + batch.sealed_bytes > self._allocated and self._pos > BLOCK_ALIGN:
             try:
                 self._roll()  # nothing is in flight here: to the prepared next file, if it is ready
@@ -514,7 +610,7 @@ class Journal:
             try:
                 if self._pos >= self.file_max_bytes:
                     self._roll()  # while nothing is in flight (if the next file is ready)
-                # The next batch goes to the device first, then this one is answered: encoding
+                # The next block goes to the device first, then this one is answered: encoding
                 # and sending responses overlaps the next sync instead of delaying it.
                 self._maybe_flush()
             except OSError as e:  # a failed roll: what is queued fails, what is durable is still answered
@@ -525,30 +621,33 @@ class Journal:
 
     def _wake_idle(self) -> None:
         """Resolve drain() waiters once nothing is in flight or queued."""
-        if self._inflight_items is None and not self._batch.count:
+        if self.idle:
             for w in self._idle_waiters:
                 if not w.done():
                     w.set_result(None)
             self._idle_waiters.clear()
 
     def _fail(self, err: OSError, items: list[Any]) -> None:
-        """The journal can make nothing durable any more: fail items and the queued batch."""
+        """The journal can make nothing durable any more: fail items and every pending block's."""
         log.error("journal failed, shard stops accepting writes: %s", err)
         self._failed = JournalFailedError(err.errno or 5, str(err))
         self.on_failed(items, self._failed)
-        self.on_failed(self._batch_items, self._failed)
-        self._batch, self._batch_items = JournalBatch(), []
+        for pending in self._queue:
+            self.on_failed(pending.items, self._failed)
+        self._queue = deque([_Pending(JournalBatch(), self._next_seq)])
+        self._next_seq += 1
+        self.deselect()
         self._wake_idle()  # a failed roll in _flush leaves nothing in flight: nobody else would
 
     async def drain(self) -> None:
         """Wait until every appended record is durable (or failed)."""
-        if self._inflight_items is None and not self._batch.count:
+        if self.idle:
             return
         # Waiter first: the flush may complete at once (a syncer that fails synchronously, a
         # failed roll) and wakes only the waiters registered by then.
         fut = self.loop.create_future()
         self._idle_waiters.append(fut)
-        if self._batch.count and self._inflight_items is None:
+        if self._inflight_items is None and self._queue[0].batch.count:
             self._flush()
         await fut
 
@@ -570,6 +669,19 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class _Pending:
+    """A block not yet written: its records, what on_durable gets for them, when its first
+    record came (group wait) and its number (select: a sender's records never pass its own)."""
+
+    __slots__ = ("batch", "items", "started", "seq")
+
+    def __init__(self, batch: JournalBatch, seq: int) -> None:
+        self.batch = batch
+        self.items: list[Any] = []
+        self.started = 0.0
+        self.seq = seq
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from cpython.ref cimport PyObject
 from bookkeeper._ext.endian cimport get_u32, get_u64, put_u16, put_u32, put_u64
 from bookkeeper._ext.frame cimport REQ_HEADER, RESP_HEADER, KEY_LEN, FRAME_INCOMPLETE, frame_len, frame_error
 from bookkeeper._ext.journal cimport JournalBatch
+from bookkeeper._ext.journal import BLOCK_HEADER_BYTES
 
 from bookkeeper._ext.wire import FrameError
 from bookkeeper.proto import Status
@@ -132,6 +133,7 @@ cdef class AddPath:
     cdef bint fast
     cdef object journal
     cdef JournalBatch batch
+    cdef Py_ssize_t slice_used  # the batch's used bytes at which the journal seals it (Journal.slice_at)
     cdef dict ledgers
     cdef dict cache
     cdef set dirty
@@ -156,6 +158,7 @@ cdef class AddPath:
         self.fast = (journal is not None and not server.readonly and journal._failed is None)
         if self.fast:
             self.batch = <JournalBatch?>journal._batch
+            self.slice_used = <Py_ssize_t>journal.slice_at + BLOCK_HEADER_BYTES
             self.ledgers = <dict?>self.storage.ledgers
             self.cache = <dict?>self.storage.write_cache
             self.dirty = <set?>self.storage._dirty
@@ -273,6 +276,13 @@ cdef class AddPath:
                 self.run_n += 1
                 self.run_bytes += RESP_HEADER
                 pos += flen
+                if self.batch._used >= self.slice_used:
+                    # The block reached journal_max_block_bytes: the rest of a long receive buffer
+                    # goes to the next one, so no block (and no sync a light sender's add waits
+                    # behind) grows past the bound by more than one frame.
+                    self._end_run(conn, now)
+                    self.journal.seal_target()
+                    self._load()
         finally:
             self._end_run(conn, now)
         return pos, None
