@@ -227,6 +227,127 @@ def test_a_light_senders_add_waits_for_one_bounded_block_not_for_the_bulk_queued
     uvloop.run(main())
 
 
+def test_a_light_senders_add_and_fence_of_a_new_ledger_replay_after_its_master_key(tmp_path: Path) -> None:
+    """A heavy sender creates ledger 5 while blocks wait (its add in the last block); a light
+    sender's add and fencing read of ledger 5 go to the first block. Replay drops records of a
+    ledger it has not seen created, so the master key must be in that block or before it:
+    replayed into fresh storage, the ledger is fenced and holds both entries."""
+    from bookkeeper.bookie.shard import apply_records
+
+    async def main() -> None:
+        server, journal, syncer, bulk, bulk_sock = shard(
+            tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 4 << 20, "block_bytes_max": 16 << 10})
+        light, light_sock = BookieProtocol(server), Socket()
+        light.connection_made(light_sock)
+        light_sock.conn = light
+        bulk.data_received(adds(2, 0, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight
+        bulk.data_received(adds(2, 1, 100, 1000))  # blocks wait behind it
+        bulk.data_received(adds(5, 0, 1, 100))  # ledger 5 created by a heavy sender: to the last block
+        light_sock.send(adds(5, 1, 1, 100))
+        light_sock.send(encode_request(Op.READ_LAC, int(Flag.FENCE), 77, 5, -1, KEY, 0, b""))
+        syncer.release_all()
+        await asyncio.sleep(0)
+        syncer.release_all()
+        assert [(r[1], r[4]) for r in light_sock.responses()][:1] == [(Status.OK, 1)]
+        journal.close()
+        server.storage.close()
+        storage = LedgerStorage(tmp_path / "replayed")
+        replayer = Journal(tmp_path / "journal", syncer=ManualSyncer(), loop=asyncio.get_running_loop(),
+                           on_durable=lambda items: None, on_failed=lambda items, err: None)
+        replayer.replay((0, 0), lambda records: apply_records(storage, records))
+        replayer.close()
+        st = storage.ledger(5)
+        assert st is not None and st.fenced
+        assert storage.get_entry(5, 0) is not None and storage.get_entry(5, 1) is not None
+        storage.close()
+
+    uvloop.run(main())
+
+
+def test_a_bulk_connection_is_dispatched_in_slices_between_turns_of_the_loop(tmp_path: Path) -> None:
+    """Issue 28 item 2: over a real socket, 8 MB of adds that arrived while the loop was busy
+    are not dispatched in one turn (the loop reads a connection up to 32 times in a row while
+    each read fills its buffer): at most READ_SLICE_BYTES and one read of it run between two
+    turns, and a second connection's add is dispatched while most of the bulk still waits."""
+    import socket
+    import threading
+    import time
+
+    from bookkeeper.bookie.server import READ_SLICE_BYTES
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server, journal, _syncer, _conn, _sock = shard(
+            tmp_path, {"batch_bytes_max": 256 << 20, "batch_entries_max": 1 << 20},
+            write_cache_max_bytes=1 << 30)
+        events: list[tuple[str, int]] = []
+        add_path = server.add_path
+
+        class Counting:
+            def dispatch(self, conn: Any, out: bytearray, buf: Any, now: float) -> Any:
+                events.append((conn.name, len(buf)))
+                return add_path.dispatch(conn, out, buf, now)
+
+        server.add_path = Counting()  # type: ignore[assignment]
+        names = iter(["bulk", "light"])
+
+        def protocol() -> BookieProtocol:
+            conn = BookieProtocol(server)
+            conn.name = next(names)  # type: ignore[attr-defined]
+            return conn
+
+        srv = await loop.create_server(protocol, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        bulk, light = socket.socket(), socket.socket()
+        bulk.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
+        bulk.connect(("127.0.0.1", port))
+        light.connect(("127.0.0.1", port))
+        bulk.sendall(adds(2, 0, 1, 100))
+        light.sendall(adds(3, 0, 1, 100))
+        while len({name for name, _ in events}) < 2:
+            await asyncio.sleep(0.01)
+        data = adds(2, 1, 8000, 1000)
+        sender = threading.Thread(target=bulk.sendall, args=(data,))
+        sender.start()
+        time.sleep(0.5)  # a busy turn of the loop: the bulk's bytes wait in the socket
+        light.sendall(adds(3, 1, 1, 100))
+        events.append(("turn", 0))
+
+        def turn() -> None:
+            events.append(("turn", 0))
+            if sum(n for name, n in events if name == "bulk") < len(data) and len(events) < 100_000:
+                loop.call_soon(turn)
+
+        loop.call_soon(turn)
+        for _ in range(1000):
+            if sum(n for name, n in events if name == "bulk") >= len(data) - 2000:
+                break
+            await asyncio.sleep(0.01)
+        sender.join()
+        per_turn, longest, light_at = 0, 0, None
+        bulk_seen = 0
+        for name, n in events:
+            if name == "turn":
+                per_turn = 0
+            elif name == "bulk":
+                per_turn += n
+                bulk_seen += n
+                longest = max(longest, per_turn)
+            elif light_at is None and bulk_seen > 1000:
+                light_at = bulk_seen
+        assert bulk_seen >= len(data) - 2000
+        assert longest <= READ_SLICE_BYTES + 256_000, longest
+        assert light_at is not None and light_at < len(data) // 2, (light_at, len(data))
+        bulk.close()
+        light.close()
+        srv.close()
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
 def test_write_cache_over_its_bound_pauses_the_sender_until_it_is_swapped_out(tmp_path: Path) -> None:
     """With the write cache over write_cache_max_bytes (overhead counted) the sender is paused;
     a checkpoint's snapshot empties the cache and release_backpressure resumes it."""

@@ -66,6 +66,7 @@ _FILE_HEADER = struct.Struct(">4sIQ")
 _FILE_FLAGS = struct.Struct(">I")  # right after _FILE_HEADER, from version 2
 
 Record = tuple[int, int, int, bytes]
+FREE_BUFFERS = 4  # durable blocks' buffers kept for the next pending blocks
 _NEVER = 1 << 62  # slice_at while a light sender's records go to the next block: never sliced
 
 
@@ -163,7 +164,9 @@ class Journal:
         self._sender: Any = None  # whose receive buffer is being dispatched (select)
         self._inflight_items: list[Any] | None = None
         self._inflight_batch: JournalBatch | None = None
-        self._free_buffer: bytearray | None = None  # the last durable block's buffer, for the next batch
+        # Buffers of durable blocks, for the next pending blocks (at most FREE_BUFFERS kept): a
+        # steady stream of blocks neither reallocates nor faults in fresh pages.
+        self._free_buffers: list[bytearray] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flush_soon = False  # a _flush_deferred is scheduled for this loop turn
         self._closed = False
@@ -482,9 +485,14 @@ class Journal:
         """The last block reached block_bytes_max: later records (of this receive buffer too:
         the C add path asks at slice_at) go to a new one."""
         if self._target is self._queue[-1] and self._target.batch.count:
-            self._queue.append(_Pending(JournalBatch(), self._next_seq))
-            self._next_seq += 1
+            self._add_pending()
         self._to_last()
+
+    def _add_pending(self) -> None:
+        """A new last pending block, on a durable block's buffer if one is kept."""
+        self._queue.append(_Pending(JournalBatch(self._free_buffers.pop() if self._free_buffers else None),
+                                    self._next_seq))
+        self._next_seq += 1
 
     def _to_last(self) -> None:
         """The selected sender's later records go to the last block (deselect, keeping the sender)."""
@@ -494,20 +502,26 @@ class Journal:
             self._sender = sender
             sender.journal_block = self._target.seq
 
-    def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
+    def append(self, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any, *,
+               first: bool = False) -> None:
         """Add a record to the selected block (the last one unless select() chose the next to
-        write); item is handed to on_durable once it is durable."""
+        write); item is handed to on_durable once it is durable.
+
+        first: to the first pending block, whatever is selected: a ledger's MASTER_KEY, which
+        replay needs before any other record of the ledger (it drops an add or a fence of a
+        ledger it has not seen created), while a light sender's add or fence of that ledger,
+        accepted after it, may go to the first block (select). Earlier is always safe for it:
+        the ledger exists in memory from then on."""
         if self._failed is not None:
             self.on_failed([item], self._failed)
             return
-        target = self._target
-        if self.slice_at != _NEVER and target.batch.nbytes >= self.block_bytes_max:
-            self.seal_target()
-            target = self._target
+        target = self._queue[0] if first else self._target
         if target.batch.count == 0:
             target.started = self.clock()
         target.batch.add(rtype, ledger_id, entry_id, data)
         target.items.append(item)
+        if target is self._target and self.slice_at != _NEVER and target.batch.nbytes >= self.block_bytes_max:
+            self.seal_target()  # as the C add path does: no block past the bound by more than one record
         self._appended()
 
     def attach(self, item: Any, started_batch: bool) -> None:
@@ -567,9 +581,7 @@ class Journal:
             self._timer = None
         front = self._queue.popleft()
         if not self._queue:
-            self._queue.append(_Pending(JournalBatch(self._free_buffer), self._next_seq))
-            self._next_seq += 1
-            self._free_buffer = None
+            self._add_pending()
         if self._target is front:  # flushed while a light sender's records went to it
             self._to_last()
         batch, items = front.batch, front.items
@@ -598,7 +610,8 @@ class Journal:
         items = self._inflight_items or []
         self._inflight_items = None
         if self._inflight_batch is not None:
-            self._free_buffer = self._inflight_batch.buffer
+            if len(self._free_buffers) < FREE_BUFFERS:
+                self._free_buffers.append(self._inflight_batch.buffer)
             self._inflight_batch = None
         if err is not None:
             self._fail(err, items)
@@ -634,8 +647,8 @@ class Journal:
         self.on_failed(items, self._failed)
         for pending in self._queue:
             self.on_failed(pending.items, self._failed)
-        self._queue = deque([_Pending(JournalBatch(), self._next_seq)])
-        self._next_seq += 1
+        self._queue = deque()
+        self._add_pending()
         self.deselect()
         self._wake_idle()  # a failed roll in _flush leaves nothing in flight: nobody else would
 

@@ -81,11 +81,11 @@ def _fence_answered_early() -> contextlib.AbstractContextManager[None]:
     from bookkeeper.bookie.journal.journal import Journal
     original = Journal.append
 
-    def append(self: Any, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any) -> None:
+    def append(self: Any, rtype: int, ledger_id: int, entry_id: int, data: bytes, item: Any, **kw: Any) -> None:
         if rtype == REC_FENCE and item[0] is not None:
             item[0].respond(item[1])  # answered now; journaled with no answer waiting
             item = (None, None, 0.0)
-        original(self, rtype, ledger_id, entry_id, data, item)
+        original(self, rtype, ledger_id, entry_id, data, item, **kw)
     return _patched(Journal, "append", append)
 
 
