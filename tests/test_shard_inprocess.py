@@ -227,6 +227,49 @@ def test_a_light_senders_add_waits_for_one_bounded_block_not_for_the_bulk_queued
     uvloop.run(main())
 
 
+def test_one_connection_cannot_take_more_than_half_of_the_journals_queue(tmp_path: Path) -> None:
+    """Issue 28 item 4: a connection whose journal records not yet durable pass half of
+    journal_max_batch_bytes is paused though the journal is not full, so another bulk
+    sender still finds room; it is read again once its own records are durable."""
+    async def main() -> None:
+        server, journal, syncer, a, a_sock = shard(
+            tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 256 << 10, "block_bytes_max": 16 << 10})
+        a_sock.conn = a
+        b, b_sock = BookieProtocol(server), Socket()
+        b.connection_made(b_sock)
+        b_sock.conn = b
+        a_sock.send(adds(2, 0, 1, 100))  # each ledger's first add: the Python path
+        b_sock.send(adds(3, 0, 1, 100))
+        await asyncio.sleep(0)
+        syncer.release_all()
+        a_sock.send(adds(2, 1, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight
+        a_sock.send(adds(2, 2, 60, 1000))
+        assert a_sock.reading and a.journal_bytes < 128 << 10
+        a_sock.send(adds(2, 62, 80, 1000))  # past its share (128 KiB); the journal is not full
+        assert a.journal_bytes > 128 << 10 and not journal.full
+        assert not a_sock.reading and server.counters["share_pauses"] == 1
+        b_sock.send(adds(3, 1, 100, 1000))  # another bulk sender finds room
+        assert b_sock.reading and not journal.full
+        a_sock.send(adds(2, 142, 1, 100))  # waits unread
+        assert a_sock.waiting
+        for _ in range(100):
+            if a_sock.reading:
+                break
+            syncer.complete_one()
+        assert a_sock.reading and a.journal_bytes <= 128 << 10
+        for _ in range(5):  # the held add is delivered on a later turn, then flushed on the next
+            syncer.release_all()
+            await asyncio.sleep(0)
+        assert [r[4] for r in a_sock.responses()] == list(range(143))
+        assert [r[4] for r in b_sock.responses()] == list(range(101))
+        assert a.journal_bytes == 0 and b.journal_bytes == 0
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
 def test_a_light_senders_add_and_fence_of_a_new_ledger_replay_after_its_master_key(tmp_path: Path) -> None:
     """A heavy sender creates ledger 5 while blocks wait (its add in the last block); a light
     sender's add and fencing read of ledger 5 go to the first block. Replay drops records of a

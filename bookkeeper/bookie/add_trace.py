@@ -91,7 +91,7 @@ class AddTrace:
 
     def record(self, items: list[Any], block: tuple[float, float, int, int], answered: dict[Any, float]) -> None:
         """The traced adds among a durable block's journal items (server.ShardServer.on_durable's
-        shapes: (conn, None, arrival, count, nbytes) for a run of the C add path, (conn,
+        shapes: (conn, None, arrival, count, nbytes, record bytes) for a run of the C add path, (conn,
         response, arrival) for one add of the Python path; other items are not adds), with
         when each connection's answer began to be written (`answered`)."""
         sealed, synced, block_records, block_bytes = block

@@ -8,7 +8,7 @@ add, then grouped and encoded the responses once durable: ~5 us of the shard's ~
 per add over the network. Here an add that passes every check costs the two objects the
 write cache keeps (its (ledger, entry) key and its payload bytes), a copy into the journal
 batch, and its 40-byte response, encoded at once at the end of the connection's `pending`
-bytes. One journal item per run of such adds ((conn, None, arrival, count, nbytes))
+bytes. One journal item per run of such adds ((conn, None, arrival, count, nbytes, record bytes))
 tells the durable callback how many of those bytes to write: one write per connection
 per block, no Python per entry.
 
@@ -142,6 +142,7 @@ cdef class AddPath:
     # The run of fast adds not yet handed to the journal as an item.
     cdef Py_ssize_t run_n
     cdef Py_ssize_t run_bytes
+    cdef Py_ssize_t run_used  # the batch's used bytes when the run began: its records' bytes at the end
     cdef bint run_started_batch
     cdef Py_ssize_t cache_delta
 
@@ -170,9 +171,11 @@ cdef class AddPath:
         """Hand the run of fast adds to the journal as one item, and their counts to the server."""
         if self.run_n == 0:
             return 0
+        cdef Py_ssize_t record_bytes = self.batch._used - self.run_used
         self.storage.write_cache_bytes += self.cache_delta
         self.server.counters[OP_ADD] += self.run_n
-        self.journal.attach((conn, None, now, self.run_n, self.run_bytes), self.run_started_batch)
+        conn.journal_bytes += record_bytes
+        self.journal.attach((conn, None, now, self.run_n, self.run_bytes, record_bytes), self.run_started_batch)
         self.run_n = 0
         self.run_bytes = 0
         self.cache_delta = 0
@@ -259,6 +262,7 @@ cdef class AddPath:
                     self.dirty.add(lid)
                 if self.run_n == 0:
                     self.run_started_batch = self.batch.count == 0
+                    self.run_used = self.batch._used
                 self.batch.append_record(REC_ADD, ledger_id, entry_id, payload, plen)
                 if self.waiters and lid in self.waiters:
                     self.to_wake.add(lid)  # its LAC or its entries moved: the server's wake_parked
