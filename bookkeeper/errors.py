@@ -103,6 +103,14 @@ class BookieUnavailableError(BKError):
     retriable = True
 
 
+class ClientClosedError(BookieUnavailableError):
+    """The client was closed: a request made after close() is refused, not sent (it made a
+    new connection, and a sweeper task that ran until the loop ended)."""
+
+    code = 35
+    retriable = False
+
+
 class AuthenticationError(BKError):
     """A peer could not be authenticated, or would not authenticate us: TLS refused (a plain
     peer where TLS is required, an untrusted or expired certificate, a certificate naming

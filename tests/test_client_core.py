@@ -8,6 +8,7 @@ import logging
 import random
 import struct
 import time
+from typing import Any
 
 import crc32c
 import pytest
@@ -550,3 +551,27 @@ def test_a_late_failure_replaces_a_bookie_every_segment_since_kept() -> None:
     assert back.still_writing_to(250, "b")
     back.closing = True
     assert not back.still_writing_to(250, "b")
+
+
+def test_a_closed_pool_refuses_requests_instead_of_connecting_again() -> None:
+    """A request made after the pool closed fails through its callback with ClientClosedError
+    (not retriable, a BookieUnavailableError), and makes no connection and no sweeper task:
+    before, it connected again and left a sweeper running until the loop ended."""
+    from bookkeeper.client.bookie_client import BookieClientPool
+    from bookkeeper.errors import BookieUnavailableError, ClientClosedError
+
+    async def main() -> list[Any]:
+        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": 9}]})
+        pool.close()
+        got: list[Any] = []
+        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, b"", 0, b"", lambda ctx, resp, err: got.append((ctx, resp, err)),
+                  "ctx")
+        await asyncio.sleep(0)
+        assert not pool._conns and pool._sweeper is None
+        with pytest.raises(ClientClosedError, match="b1: the client is closed"):
+            await pool.call("b1", int(Op.READ_ENTRY), 0, 7, 0, b"")
+        return got
+
+    ((ctx, resp, err),) = asyncio.run(main())
+    assert ctx == "ctx" and resp is None and isinstance(err, ClientClosedError)
+    assert isinstance(err, BookieUnavailableError) and not err.retriable

@@ -312,7 +312,7 @@ async def _write_while(uri: str, kwargs: dict[str, Any], seconds: float,
     async def prober() -> None:
         async with await BookKeeper.connect(uri, **kwargs) as bk:
             while time.monotonic() - t0 < seconds:
-                bk.pool.close()  # the next requests connect anew
+                bk.pool.drop_connections()  # the next requests connect anew
                 try:
                     lh = await bk.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
                     await lh.add_entry(b"probe")

@@ -431,7 +431,7 @@ async def _handshake_ms(bk: BookKeeper, bookies: list[str], rounds: int = 5) -> 
     new connections to each bookie (the client's connections are dropped before each round)."""
     times = []
     for _ in range(rounds):
-        bk.pool.close()
+        bk.pool.drop_connections()
         for b in bookies:
             t0 = time.perf_counter()
             await bk.pool.call(b, Op.GET_BOOKIE_INFO, 0, 0, -1, NO_KEY)

@@ -27,8 +27,8 @@ from typing import Any
 from bookkeeper._ext.client import RequestPipe
 from bookkeeper.client.config import ClientConfig
 from bookkeeper.clock import Clock, system_monotonic
-from bookkeeper.errors import (AuthenticationError, BKError, BookieUnavailableError, ConfigError, TimeoutError,
-                               error_for_status)
+from bookkeeper.errors import (AuthenticationError, BKError, BookieUnavailableError, ClientClosedError, ConfigError,
+                               TimeoutError, error_for_status)
 from bookkeeper.proto import (DEFAULT_MAX_FRAME_BYTES, NO_KEY, FrameError, Op, Status, encode_request,
                               parse_responses, shard_for_ledger)
 from bookkeeper.security.auth import ClientAuthProvider, ClientAuthSession, load_client_provider
@@ -607,6 +607,8 @@ class BookieClientPool:
         own, whose check fails, instead of one verified for that other bookie. Without TLS
         nothing is checked, and the ids registered at one address share its connection.
         """
+        if self.closed:
+            raise ClientClosedError(f"bookie {bookie_id or f'{host}:{port}'}: the client is closed")
         key = ((bookie_id or f"{host}:{port}") if self.trust.mode != "off" else "", host, port)
         conn = self._conns.get(key)
         if conn is None:
@@ -655,15 +657,22 @@ class BookieClientPool:
             if self.trust.tls is not None:
                 self.trust.tls.maybe_reload()
 
-    def close(self) -> None:
-        self.closed = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+    def drop_connections(self) -> None:
+        """Close every connection (their requests fail as on a connection lost); the next
+        request connects anew. For a client that lives on: a test or bench measuring new
+        connections, a simulated client whose connections are reset."""
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
         self.invalidate_routes()
+
+    def close(self) -> None:
+        """Drop every connection and refuse later requests (ClientClosedError)."""
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self.drop_connections()
 
 
 class BookieHealth:

@@ -701,7 +701,7 @@ class World:
             # The recovering client dies: its connections are reset and its requests fail, so
             # what it had under way stops (a metadata write already sent may still land).
             self.trace(f"L{lid} recovering client dies after {self.loop.time() - started:.3f} s")
-            bk.pool.close()
+            bk.pool.drop_connections()
             self.net.crash("recoverer")
             self._recoverer_died = True
             self._interrupted = lid
