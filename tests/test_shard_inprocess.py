@@ -227,10 +227,11 @@ def test_a_light_senders_add_waits_for_one_bounded_block_not_for_the_bulk_queued
     uvloop.run(main())
 
 
-def test_one_connection_cannot_take_more_than_half_of_the_journals_queue(tmp_path: Path) -> None:
-    """Issue 28 item 4: a connection whose journal records not yet durable pass half of
-    journal_max_batch_bytes is paused though the journal is not full, so another bulk
-    sender still finds room; it is read again once its own records are durable."""
+def test_a_second_bulk_sender_gets_its_share_of_a_journal_the_first_one_filled(tmp_path: Path) -> None:
+    """Issue 28 item 4: a bulk sender fills the journal alone and is paused; a second bulk
+    sender (receive buffers too big to be light) is read on while it holds under half of
+    journal_max_batch_bytes of the records not yet durable, then paused too; both are read
+    again once the journal drains, and every add is answered in order."""
     async def main() -> None:
         server, journal, syncer, a, a_sock = shard(
             tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 256 << 10, "block_bytes_max": 16 << 10})
@@ -244,25 +245,18 @@ def test_one_connection_cannot_take_more_than_half_of_the_journals_queue(tmp_pat
         syncer.release_all()
         a_sock.send(adds(2, 1, 1, 100))
         await asyncio.sleep(0)  # a sync in flight
-        a_sock.send(adds(2, 2, 60, 1000))
-        assert a_sock.reading and a.journal_bytes < 128 << 10
-        a_sock.send(adds(2, 62, 80, 1000))  # past its share (128 KiB); the journal is not full
-        assert a.journal_bytes > 128 << 10 and not journal.full
-        assert not a_sock.reading and server.counters["share_pauses"] == 1
-        b_sock.send(adds(3, 1, 100, 1000))  # another bulk sender finds room
-        assert b_sock.reading and not journal.full
-        a_sock.send(adds(2, 142, 1, 100))  # waits unread
-        assert a_sock.waiting
-        for _ in range(100):
-            if a_sock.reading:
-                break
-            syncer.complete_one()
-        assert a_sock.reading and a.journal_bytes <= 128 << 10
-        for _ in range(5):  # the held add is delivered on a later turn, then flushed on the next
+        a_sock.send(adds(2, 2, 300, 1000))
+        assert journal.full and not a_sock.reading and a.journal_bytes > 128 << 10
+        b_sock.send(adds(3, 1, 70, 1000))  # not light (70 KiB), but under its share: read on
+        assert b_sock.reading and server.counters["share_read_on"] == 1
+        b_sock.send(adds(3, 71, 70, 1000))  # now past it: paused like the first
+        assert not b_sock.reading and b.journal_bytes > 128 << 10
+        for _ in range(5):
             syncer.release_all()
             await asyncio.sleep(0)
-        assert [r[4] for r in a_sock.responses()] == list(range(143))
-        assert [r[4] for r in b_sock.responses()] == list(range(101))
+        assert a_sock.reading and b_sock.reading
+        assert [r[4] for r in a_sock.responses()] == list(range(302))
+        assert [r[4] for r in b_sock.responses()] == list(range(141))
         assert a.journal_bytes == 0 and b.journal_bytes == 0
         journal.close()
         server.storage.close()

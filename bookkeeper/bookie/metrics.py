@@ -71,8 +71,8 @@ SHARD_METRICS: dict[str, tuple[str, str]] = {
     "idle_closed": ("counter", "connections closed after idle_timeout_s without a request or anything outstanding"),
     "light_senders_read_on": ("counter", "receive buffers of light senders (few adds waiting, small buffers) read on "
                                          "while the shard was over its memory bounds and paused the others"),
-    "share_pauses": ("counter", "connections paused for holding more than their share (half of "
-                                "journal_max_batch_bytes) of the journal records not yet durable"),
+    "share_read_on": ("counter", "receive buffers read on while the journal was full because their sender "
+                                 "held under its share (half of journal_max_batch_bytes) of the records not yet durable"),
     "tls_handshakes": ("counter", "TLS handshakes completed (START_TLS)"),
     "tls_handshake_failures": ("counter", "TLS handshakes that failed (untrusted or missing client certificate, "
                                           "no common version, a peer gone or too slow)"),

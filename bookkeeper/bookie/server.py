@@ -140,7 +140,9 @@ class BookieProtocol(asyncio.Protocol):
         self.journal_waiting = 0  # replies of the Python path waiting in the journal (ShardServer._journal_reply)
         self.journal_block = 0  # the last journal block its records went to (Journal.select)
         self._slice_bytes = 0  # read in full reads since it last let others in (_slice)
-        self.journal_bytes = 0  # bytes of its C-path journal records not yet durable (its share)
+        # Its C-path journal records not yet durable, and their bytes (its share: apply_backpressure).
+        self.journal_records = 0
+        self.journal_bytes = 0
         self.closed = False
         self._refusing = False  # a bad frame arrived: answer what came before it, then close
         self.writing_paused = False  # the peer does not read its answers: see pause_writing
@@ -591,7 +593,7 @@ class ShardServer:
         # per op code, "bad_frames", "add_errors", "fence", "connections_refused", "long_polls_refused",
         # "idle_closed", "tls_handshakes", "tls_handshake_failures", "auth_successes", "auth_expired_closed",
         # "unauthenticated_refused", "auth_timeouts", "auth_backoff_refused", "light_senders_read_on",
-        # "share_pauses"
+        # "share_read_on"
         self.counters: dict[int | str, int] = defaultdict(int)
         self.histograms = shard_histograms()
         self._add_latency = self.histograms["add_entry_latency_seconds"]
@@ -754,41 +756,32 @@ class ShardServer:
         connection (about 2 MiB) and in all (the batch at twice its bounds). Never past the
         write cache's bound: every staged add is in the cache, and a checkpoint that lags
         would otherwise let light senders grow it without end."""
-        if not conn.transport:
+        if not conn.transport or not self._over_bounds():
             return
-        if self._over_bounds():
-            journal = self.journal
-            if (journal is not None and journal.under_twice_its_bounds
-                    and self.storage.write_cache_bytes <= self.write_cache_max_bytes and conn.light(received)):
+        journal = self.journal
+        if (journal is not None and journal.under_twice_its_bounds
+                and self.storage.write_cache_bytes <= self.write_cache_max_bytes):
+            if conn.light(received):
                 self.counters["light_senders_read_on"] += 1
                 return
-        elif conn.journal_bytes <= self._connection_share():
-            return
-        else:
-            self.counters["share_pauses"] += 1
+            if (conn.journal_bytes < journal.batch_bytes_max // 2
+                    and conn.journal_records < journal.batch_entries_max // 2 and not conn.journal_waiting):
+                # Its share (issue 28 item 4): one bulk writer may fill the journal alone, but
+                # not keep a second one out of it. Half of the journal's bounds, counted from
+                # the C path's records not yet durable (a Python-path reply waiting holds bytes
+                # they do not count, as for light senders); the others' slices (_slice) take turns.
+                self.counters["share_read_on"] += 1
+                return
         conn.transport.pause_reading()
         self.paused[conn] = None
 
-    def _connection_share(self) -> int:
-        """What one connection's journal records not yet durable may hold: half of what may wait
-        to be written (journal_max_batch_bytes), so that one bulk writer cannot take all of a
-        shard's queue and another always finds room (issue 28 item 4). A connection past it is
-        read again once its own records are durable (release_backpressure); with the slices of
-        BookieProtocol._slice, connections with room take turns a slice at a time."""
-        journal = self.journal
-        return journal.batch_bytes_max // 2 if journal is not None else NEVER
-
     def release_backpressure(self) -> None:
-        """Resume the paused senders once the shard is back within its bounds, except those
-        still past their share of the journal (_connection_share)."""
+        """Resume the paused senders once the shard is back within its bounds."""
         if self.paused and not self._over_bounds():
-            share = self._connection_share()
-            for conn in list(self.paused):
-                if conn.journal_bytes > share and not conn.closed:
-                    continue
-                del self.paused[conn]
+            for conn in self.paused:
                 if not conn.closed and not conn.writing_paused and conn.transport is not None:
                     conn.transport.resume_reading()  # else its resume_writing does
+            self.paused.clear()
 
     # -- journal callbacks -----------------------------------------------------
     def on_durable(self, items: list[Any]) -> None:
@@ -808,6 +801,7 @@ class ShardServer:
                 if conn is not None:
                     pending[conn] = pending.get(conn, 0) + item[4]
                     conn.journal_bytes -= item[5]
+                    conn.journal_records -= item[3]
                     self._add_latency.observe(now - t, item[3])
             elif conn is not None:
                 conn.journal_waiting -= 1
@@ -865,6 +859,7 @@ class ShardServer:
                 self.counters["add_errors"] += item[3]
                 pending[conn] = pending.get(conn, 0) + item[4]
                 conn.journal_bytes -= item[5]
+                conn.journal_records -= item[3]
             else:
                 conn.journal_waiting -= 1
                 self.counters["add_errors"] += resp[0] == _ADD

@@ -407,7 +407,7 @@ class Shard:
                     "long_polls_refused": server.counters["long_polls_refused"],
                     "idle_closed": server.counters["idle_closed"],
                     "light_senders_read_on": server.counters["light_senders_read_on"],
-                    "share_pauses": server.counters["share_pauses"],
+                    "share_read_on": server.counters["share_read_on"],
                     "journal_bytes": journal.stats["bytes"], **self.counters, **self._trust_counters()}
         gauges: dict[str, float] = {"connections": len(server.connections), "paused_senders": len(server.paused),
                   "paused_readers": len(server.write_paused), "write_buffer_bytes": server.write_buffer_bytes(),

@@ -175,6 +175,7 @@ cdef class AddPath:
         self.storage.write_cache_bytes += self.cache_delta
         self.server.counters[OP_ADD] += self.run_n
         conn.journal_bytes += record_bytes
+        conn.journal_records += self.run_n
         self.journal.attach((conn, None, now, self.run_n, self.run_bytes, record_bytes), self.run_started_batch)
         self.run_n = 0
         self.run_bytes = 0
