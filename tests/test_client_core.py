@@ -575,3 +575,34 @@ def test_a_closed_pool_refuses_requests_instead_of_connecting_again() -> None:
     ((ctx, resp, err),) = asyncio.run(main())
     assert ctx == "ctx" and resp is None and isinstance(err, ClientClosedError)
     assert isinstance(err, BookieUnavailableError) and not err.retriable
+
+
+def test_closing_the_pool_while_a_connection_is_being_made_fails_its_queued_requests() -> None:
+    """A request waits for a connection still being made when the pool closes: it fails at
+    once with ClientClosedError and the connecting stops (before, the connection was made
+    afterwards, untracked, and sent the request with no deadline kept)."""
+    from bookkeeper.client.bookie_client import BookieClientPool
+    from bookkeeper.errors import ClientClosedError
+
+    async def main() -> tuple[list[Any], asyncio.Task[None]]:
+        loop = asyncio.get_running_loop()
+        never: asyncio.Future[Any] = loop.create_future()
+
+        async def hanging_connect(*_a: Any, **_kw: Any) -> Any:
+            return await never  # a bookie that never answers the TCP handshake
+
+        loop.create_connection = hanging_connect  # type: ignore[method-assign]
+        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": 9}]})
+        got: list[Any] = []
+        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
+        await asyncio.sleep(0)
+        (conn,) = pool._conns.values()
+        connecting = conn._connecting
+        assert connecting is not None and not connecting.done() and not got
+        pool.close()
+        await asyncio.sleep(0)
+        return got, connecting
+
+    got, connecting = asyncio.run(main())
+    assert len(got) == 1 and isinstance(got[0], ClientClosedError)
+    assert connecting.cancelled()

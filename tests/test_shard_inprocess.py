@@ -264,6 +264,56 @@ def test_a_second_bulk_sender_gets_its_share_of_a_journal_the_first_one_filled(t
     uvloop.run(main())
 
 
+def test_a_sender_paused_past_its_share_is_read_again_once_under_it_though_the_journal_stays_full(
+        tmp_path: Path) -> None:
+    """Senders under their share may keep the journal full; one paused past its share is read
+    again as soon as its own records are durable (not only once the journal drains, which
+    they could put off for ever)."""
+    async def main() -> None:
+        server, journal, syncer, a, a_sock = shard(
+            tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 256 << 10, "block_bytes_max": 16 << 10})
+        a_sock.conn = a
+        others = []
+        for ledger in (3, 4):
+            conn, sock = BookieProtocol(server), Socket()
+            conn.connection_made(sock)
+            sock.conn = conn
+            others.append((conn, sock, ledger))
+            sock.send(adds(ledger, 0, 1, 100))
+        a_sock.send(adds(2, 0, 1, 100))
+        await asyncio.sleep(0)
+        syncer.release_all()
+        a_sock.send(adds(2, 1, 1, 100))
+        await asyncio.sleep(0)  # a sync in flight
+        a_sock.send(adds(2, 2, 150, 1000))  # past its share; the journal is not full yet
+        await asyncio.sleep(0)  # its read slice ends: read again
+        for conn, sock, ledger in others:  # 120 KiB each, under their share, in buffers read whole
+            sock.send(adds(ledger, 1, 60, 1000))
+            sock.send(adds(ledger, 61, 60, 1000))
+        a_sock.send(adds(2, 152, 1, 100))
+        assert journal.full and not a_sock.reading and a in server.paused
+        sent = {3: 121, 4: 121}
+        while a.journal_bytes >= 128 << 10:
+            syncer.complete_one()
+            for conn, sock, ledger in others:  # the others keep the journal full, under their share
+                if conn.journal_bytes < 100 << 10:
+                    sock.send(adds(ledger, sent[ledger], 20, 1000))
+                    sent[ledger] += 20
+        assert journal.full and a_sock.reading
+        for _ in range(200):
+            if not syncer.pending and journal.idle:
+                break
+            syncer.release_all()
+            await asyncio.sleep(0)
+        assert [r[4] for r in a_sock.responses()] == list(range(153))
+        for conn, sock, ledger in others:
+            assert [r[4] for r in sock.responses()] == list(range(sent[ledger]))
+        journal.close()
+        server.storage.close()
+
+    uvloop.run(main())
+
+
 def test_a_light_senders_add_and_fence_of_a_new_ledger_replay_after_its_master_key(tmp_path: Path) -> None:
     """A heavy sender creates ledger 5 while blocks wait (its add in the last block); a light
     sender's add and fencing read of ledger 5 go to the first block. Replay drops records of a

@@ -758,30 +758,50 @@ class ShardServer:
         would otherwise let light senders grow it without end."""
         if not conn.transport or not self._over_bounds():
             return
-        journal = self.journal
-        if (journal is not None and journal.under_twice_its_bounds
-                and self.storage.write_cache_bytes <= self.write_cache_max_bytes):
+        if self._journal_room():
             if conn.light(received):
                 self.counters["light_senders_read_on"] += 1
                 return
-            if (conn.journal_bytes < journal.batch_bytes_max // 2
-                    and conn.journal_records < journal.batch_entries_max // 2 and not conn.journal_waiting):
-                # Its share (issue 28 item 4): one bulk writer may fill the journal alone, but
-                # not keep a second one out of it. Half of the journal's bounds, counted from
-                # the C path's records not yet durable (a Python-path reply waiting holds bytes
-                # they do not count, as for light senders); the others' slices (_slice) take turns.
+            if self._under_share(conn):
                 self.counters["share_read_on"] += 1
                 return
         conn.transport.pause_reading()
         self.paused[conn] = None
 
+    def _journal_room(self) -> bool:
+        """Only the journal is full, and under twice its bounds: light senders and those under
+        their share may still be read."""
+        journal = self.journal
+        return (journal is not None and journal.under_twice_its_bounds
+                and self.storage.write_cache_bytes <= self.write_cache_max_bytes)
+
+    def _under_share(self, conn: BookieProtocol) -> bool:
+        """Its share (issue 28 item 4): one bulk writer may fill the journal alone, but not keep
+        a second one out of it. Under half of the journal's bounds, counted from the C path's
+        records not yet durable, and no Python-path reply waiting (it holds bytes they do not
+        count, as for light senders); the slices of the read path (_slice) make those read
+        take turns."""
+        journal = self.journal
+        assert journal is not None
+        return (conn.journal_bytes < journal.batch_bytes_max // 2
+                and conn.journal_records < journal.batch_entries_max // 2 and not conn.journal_waiting)
+
     def release_backpressure(self) -> None:
-        """Resume the paused senders once the shard is back within its bounds."""
-        if self.paused and not self._over_bounds():
-            for conn in self.paused:
-                if not conn.closed and not conn.writing_paused and conn.transport is not None:
-                    conn.transport.resume_reading()  # else its resume_writing does
-            self.paused.clear()
+        """Resume the paused senders once the shard is back within its bounds; while only the
+        journal is full, those now under their share (their own records durable meanwhile):
+        else senders under their share could keep the journal full and one paused for ever."""
+        if not self.paused:
+            return
+        if not self._over_bounds():
+            resume = list(self.paused)
+        elif self._journal_room():
+            resume = [conn for conn in self.paused if self._under_share(conn)]
+        else:
+            return
+        for conn in resume:
+            del self.paused[conn]
+            if conn._may_read():
+                conn.transport.resume_reading()  # type: ignore[union-attr]  # else resume_writing does
 
     # -- journal callbacks -----------------------------------------------------
     def on_durable(self, items: list[Any]) -> None:

@@ -495,14 +495,23 @@ class ShardConnection:
         """Fail requests past their deadline with TimeoutError."""
         self.pipe.expire(now, lambda: TimeoutError(f"request to {self.peer} timed out"))
 
-    def close(self) -> None:
+    def close(self, error: BKError | None = None) -> None:
+        """Close it: requests sent fail as lost once the transport's close is seen; requests
+        queued while it was still connecting fail now, with `error` (else as closed), and the
+        connecting stops (left running, it attached a transport nobody tracked and sent them
+        with no deadline kept)."""
         self._cancel_renewal()
         if self._renewing is not None:
             self._renewing.cancel()
+        connecting = self._connecting is not None and not self._connecting.done()
+        if connecting:
+            self._connecting.cancel()  # type: ignore[union-attr]
         self.pipe.connected = False
         if self._transport is not None:
             self._transport.close()
         self._transport = None
+        if connecting:
+            self._fail_queued(error or BookieUnavailableError(f"connection to {self.peer} closed while connecting"))
 
 
 class Segment:
@@ -661,18 +670,23 @@ class BookieClientPool:
         """Close every connection (their requests fail as on a connection lost); the next
         request connects anew. For a client that lives on: a test or bench measuring new
         connections, a simulated client whose connections are reset."""
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._drop(None)
+
+    def _drop(self, error: BKError | None) -> None:
+        conns = list(self._conns.values())
+        self._conns.clear()  # first: a failed request's callback may connect anew (drop_connections)
         self.invalidate_routes()
+        for conn in conns:
+            conn.close(error)
 
     def close(self) -> None:
-        """Drop every connection and refuse later requests (ClientClosedError)."""
+        """Drop every connection and refuse later requests (ClientClosedError): requests queued
+        on a connection still being made fail with it."""
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        self.drop_connections()
+        self._drop(ClientClosedError("the client is closed"))
 
 
 class BookieHealth:
