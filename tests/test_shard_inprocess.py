@@ -90,9 +90,16 @@ def shard(tmp: Path, journal_kw: dict[str, Any] | None = None,
                                                      **(journal_kw or {})})
     journal.start()
     server.journal = journal
+    conn, sock = connect(server)
+    return server, journal, syncer, conn, sock
+
+
+def connect(server: ShardServer) -> tuple[BookieProtocol, Socket]:
+    """A connection to the shard, its socket delivering to it."""
     conn, sock = BookieProtocol(server), Socket()
     conn.connection_made(sock)
-    return server, journal, syncer, conn, sock
+    sock.conn = conn
+    return conn, sock
 
 
 def test_full_journal_batch_pauses_the_sender_until_the_sync_returns(tmp_path: Path) -> None:
@@ -126,9 +133,7 @@ def test_a_light_sender_is_read_on_while_a_bulk_sender_fills_the_journal(tmp_pat
 
     async def main() -> None:
         server, journal, syncer, bulk, bulk_sock = shard(tmp_path)
-        light, light_sock = BookieProtocol(server), Socket()
-        light.connection_made(light_sock)
-        light_sock.conn = light
+        light, light_sock = connect(server)
         light_sock.send(adds(3, 0, 1, 100))  # the ledger's first add: the Python path
         await asyncio.sleep(0)
         syncer.release_all()
@@ -183,9 +188,7 @@ def test_a_light_senders_add_waits_for_one_bounded_block_not_for_the_bulk_queued
     async def main() -> None:
         server, journal, syncer, bulk, bulk_sock = shard(
             tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 4 << 20, "block_bytes_max": block})
-        light, light_sock = BookieProtocol(server), Socket()
-        light.connection_made(light_sock)
-        light_sock.conn = light
+        light, light_sock = connect(server)
         light_sock.send(adds(3, 0, 1, 100))  # the ledger's first add: the Python path
         await asyncio.sleep(0)
         syncer.release_all()
@@ -235,10 +238,7 @@ def test_a_second_bulk_sender_gets_its_share_of_a_journal_the_first_one_filled(t
     async def main() -> None:
         server, journal, syncer, a, a_sock = shard(
             tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 256 << 10, "block_bytes_max": 16 << 10})
-        a_sock.conn = a
-        b, b_sock = BookieProtocol(server), Socket()
-        b.connection_made(b_sock)
-        b_sock.conn = b
+        b, b_sock = connect(server)
         a_sock.send(adds(2, 0, 1, 100))  # each ledger's first add: the Python path
         b_sock.send(adds(3, 0, 1, 100))
         await asyncio.sleep(0)
@@ -272,12 +272,9 @@ def test_a_sender_paused_past_its_share_is_read_again_once_under_it_though_the_j
     async def main() -> None:
         server, journal, syncer, a, a_sock = shard(
             tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 256 << 10, "block_bytes_max": 16 << 10})
-        a_sock.conn = a
         others = []
         for ledger in (3, 4):
-            conn, sock = BookieProtocol(server), Socket()
-            conn.connection_made(sock)
-            sock.conn = conn
+            conn, sock = connect(server)
             others.append((conn, sock, ledger))
             sock.send(adds(ledger, 0, 1, 100))
         a_sock.send(adds(2, 0, 1, 100))
@@ -324,9 +321,7 @@ def test_a_light_senders_add_and_fence_of_a_new_ledger_replay_after_its_master_k
     async def main() -> None:
         server, journal, syncer, bulk, bulk_sock = shard(
             tmp_path, {"batch_entries_max": 65536, "batch_bytes_max": 4 << 20, "block_bytes_max": 16 << 10})
-        light, light_sock = BookieProtocol(server), Socket()
-        light.connection_made(light_sock)
-        light_sock.conn = light
+        light, light_sock = connect(server)
         bulk.data_received(adds(2, 0, 1, 100))
         await asyncio.sleep(0)  # a sync in flight
         bulk.data_received(adds(2, 1, 100, 1000))  # blocks wait behind it
