@@ -606,3 +606,32 @@ def test_closing_the_pool_while_a_connection_is_being_made_fails_its_queued_requ
     got, connecting = asyncio.run(main())
     assert len(got) == 1 and isinstance(got[0], ClientClosedError)
     assert connecting.cancelled()
+
+
+def test_closing_the_pool_fails_the_requests_in_flight_with_client_closed() -> None:
+    """A request sent to a bookie that has not answered when the client closes fails with
+    ClientClosedError (not retriable: its handle does not start an ensemble change while the
+    client closes), not as a lost connection."""
+    from bookkeeper.client.bookie_client import BookieClientPool
+    from bookkeeper.errors import ClientClosedError
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never answers
+        port = server.sockets[0].getsockname()[1]
+        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": port}]})
+        got: list[Any] = []
+        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
+        for _ in range(100):
+            (conn,) = pool._conns.values()
+            if conn.pipe.connected:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.pipe.connected and not got
+        pool.close()
+        await asyncio.sleep(0.05)
+        server.close()
+        return got
+
+    got = asyncio.run(main())
+    assert len(got) == 1 and isinstance(got[0], ClientClosedError), got

@@ -610,8 +610,9 @@ class Journal:
         items = self._inflight_items or []
         self._inflight_items = None
         if self._inflight_batch is not None:
-            if len(self._free_buffers) < FREE_BUFFERS:
-                self._free_buffers.append(self._inflight_batch.buffer)
+            buffer = self._inflight_batch.buffer
+            if len(self._free_buffers) < FREE_BUFFERS and len(buffer) <= 2 * self.block_bytes_max:
+                self._free_buffers.append(buffer)  # not one grown by a light sender's slack
             self._inflight_batch = None
         if err is not None:
             self._fail(err, items)
