@@ -635,3 +635,34 @@ def test_closing_the_pool_fails_the_requests_in_flight_with_client_closed() -> N
 
     got = asyncio.run(main())
     assert len(got) == 1 and isinstance(got[0], ClientClosedError), got
+
+
+def test_dropping_connections_fails_their_requests_in_flight_as_retriable() -> None:
+    """drop_connections() (the pool lives on): a request in flight on a dropped connection
+    fails at once with a retriable BookieUnavailableError (before, it never settled: the
+    transport's late close was no longer its connection's), and the next request connects anew."""
+    from bookkeeper.client.bookie_client import BookieClientPool
+    from bookkeeper.errors import BookieUnavailableError, ClientClosedError
+
+    async def main() -> tuple[list[Any], int]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never answers
+        port = server.sockets[0].getsockname()[1]
+        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": port}]})
+        got: list[Any] = []
+        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
+        for _ in range(100):
+            (conn,) = pool._conns.values()
+            if conn.pipe.connected:
+                break
+            await asyncio.sleep(0.01)
+        pool.drop_connections()
+        pool.send("b1", int(Op.READ_ENTRY), 0, 8, 0, bytes(20), 0, b"", lambda ctx, resp, err: None, "ctx")
+        conns = len(pool._conns)
+        pool.close()
+        server.close()
+        return got, conns
+
+    got, conns = asyncio.run(main())
+    assert len(got) == 1 and isinstance(got[0], BookieUnavailableError) and got[0].retriable, got
+    assert not isinstance(got[0], ClientClosedError) and conns == 1

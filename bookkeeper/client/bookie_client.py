@@ -496,26 +496,18 @@ class ShardConnection:
         self.pipe.expire(now, lambda: TimeoutError(f"request to {self.peer} timed out"))
 
     def close(self, error: BKError | None = None) -> None:
-        """Close it. With `error` (the client closing) every request on it fails now with it;
-        without, requests sent fail as lost once the transport's close is seen (a retriable
-        error: their handles go on elsewhere) and requests queued while it was connecting fail
-        now. A connection being made is stopped (left running, it attached a transport nobody
+        """Close it: every request on it (sent, or queued while it was connecting) fails now,
+        with `error` (the client closing), else as dropped (retriable: their handles go on
+        elsewhere). Why now: once closed, the transport's own close is no longer this
+        connection's (_ShardProtocol._current), so requests left to it never settled. A
+        connection being made is stopped (left running, it attached a transport nobody
         tracked and sent them with no deadline kept)."""
         self._cancel_renewal()
         if self._renewing is not None:
             self._renewing.cancel()
-        connecting = self._connecting is not None and not self._connecting.done()
-        if connecting:
-            self._connecting.cancel()  # type: ignore[union-attr]
-        if error is not None:
-            self._lost(None, error=error)
-            return
-        self.pipe.connected = False
-        if self._transport is not None:
-            self._transport.close()
-        self._transport = None
-        if connecting:
-            self._fail_queued(BookieUnavailableError(f"connection to {self.peer} closed while connecting"))
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        self._lost(None, error=error or BookieUnavailableError(f"connection to {self.peer} dropped"))
 
 
 class Segment:
