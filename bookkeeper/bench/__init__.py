@@ -47,11 +47,14 @@ def histogram() -> Latencies:
 
 
 def latency_ms(lat: Latencies) -> dict[str, float]:
-    """p50/p99/p999 in milliseconds (docs/api.md's JSON keys)."""
+    """p50/p99/p999 in milliseconds (docs/api.md's JSON keys), none past the largest sample:
+    the histogram answers a bucket's highest equivalent value, up to 0.1 % above it (a p99
+    of 39.327 ms over a max of 39.325 ms, in a short phase whose p99 was its max)."""
     h = lat.histogram()
     if h.get_total_count() == 0:
         return {"p50": 0.0, "p99": 0.0, "p999": 0.0}
-    return {k: round(h.get_value_at_percentile(p) / 1000.0, 3)
+    top = min(max(1, max(lat.counts)), LATENCY_MAX_US)
+    return {k: round(min(h.get_value_at_percentile(p), top) / 1000.0, 3)
             for k, p in (("p50", 50.0), ("p99", 99.0), ("p999", 99.9))}
 
 
