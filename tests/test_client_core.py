@@ -608,28 +608,34 @@ def test_closing_the_pool_while_a_connection_is_being_made_fails_its_queued_requ
     assert connecting.cancelled()
 
 
+async def _request_in_flight() -> tuple[asyncio.AbstractServer, Any, list[Any]]:
+    """A pool with one request sent over a connected connection to a server that reads and
+    never answers; the list gets the request's error when it settles."""
+    from bookkeeper.client.bookie_client import BookieClientPool
+
+    server = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": port}]})
+    got: list[Any] = []
+    pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
+    (conn,) = pool._conns.values()
+    for _ in range(100):
+        if conn.pipe.connected:
+            break
+        await asyncio.sleep(0.01)
+    assert conn.pipe.connected and not got
+    return server, pool, got
+
+
 def test_closing_the_pool_fails_the_requests_in_flight_with_client_closed() -> None:
     """A request sent to a bookie that has not answered when the client closes fails with
     ClientClosedError (not retriable: its handle does not start an ensemble change while the
     client closes), not as a lost connection."""
-    from bookkeeper.client.bookie_client import BookieClientPool
     from bookkeeper.errors import ClientClosedError
 
     async def main() -> list[Any]:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never answers
-        port = server.sockets[0].getsockname()[1]
-        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": port}]})
-        got: list[Any] = []
-        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
-        for _ in range(100):
-            (conn,) = pool._conns.values()
-            if conn.pipe.connected:
-                break
-            await asyncio.sleep(0.01)
-        assert conn.pipe.connected and not got
+        server, pool, got = await _request_in_flight()
         pool.close()
-        await asyncio.sleep(0.05)
         server.close()
         return got
 
@@ -641,21 +647,10 @@ def test_dropping_connections_fails_their_requests_in_flight_as_retriable() -> N
     """drop_connections() (the pool lives on): a request in flight on a dropped connection
     fails at once with a retriable BookieUnavailableError (before, it never settled: the
     transport's late close was no longer its connection's), and the next request connects anew."""
-    from bookkeeper.client.bookie_client import BookieClientPool
     from bookkeeper.errors import BookieUnavailableError, ClientClosedError
 
     async def main() -> tuple[list[Any], int]:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never answers
-        port = server.sockets[0].getsockname()[1]
-        pool = BookieClientPool(lambda _bookie: {"shards": [{"host": "127.0.0.1", "port": port}]})
-        got: list[Any] = []
-        pool.send("b1", int(Op.READ_ENTRY), 0, 7, 0, bytes(20), 0, b"", lambda ctx, resp, err: got.append(err), "ctx")
-        for _ in range(100):
-            (conn,) = pool._conns.values()
-            if conn.pipe.connected:
-                break
-            await asyncio.sleep(0.01)
+        server, pool, got = await _request_in_flight()
         pool.drop_connections()
         pool.send("b1", int(Op.READ_ENTRY), 0, 8, 0, bytes(20), 0, b"", lambda ctx, resp, err: None, "ctx")
         conns = len(pool._conns)

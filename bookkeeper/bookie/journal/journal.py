@@ -422,7 +422,7 @@ class Journal:
     @property
     def queued_bytes(self) -> int:
         """Bytes of records waiting to be written (every pending block)."""
-        return sum(p.batch.nbytes for p in self._queue)
+        return self._queued()[0]
 
     @property
     def idle(self) -> bool:
